@@ -1,0 +1,143 @@
+"""The ``mkb`` command line: a thin layer over the library."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from mkb_eval import problems as P
+
+
+def _problems_list(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    probs = P.load_all(args.root)
+    if args.family:
+        probs = [p for p in probs if p.family == args.family]
+    if args.json:
+        print(json.dumps([{"id": p.id, "name": p.name, "family": p.family, "dtype": p.dtype, "sol_ms": p.sol.sol_ms,
+                           "bound": p.sol.bound, "hash": p.hash} for p in probs], indent=2))
+        return 0
+    table = Table(title=f"MetaKernelBench problems ({len(probs)})")
+    for col in ("id", "name", "family", "dtype", "SOL ms", "bound", "solutions"):
+        table.add_column(col)
+    for p in probs:
+        sols = ",".join(d for d in P.DSLS if p.solution_path(d).exists()) or "-"
+        table.add_row(f"{p.id:02d}", p.slug, p.family, p.dtype, f"{p.sol.sol_ms:.4f}", p.sol.bound, sols)
+    Console().print(table)
+    return 0
+
+
+def _problems_show(args: argparse.Namespace) -> int:
+    p = P.find(args.problem, args.root)
+    if args.json:
+        print(json.dumps({**p.meta, "hash": p.hash, "path": str(p.path), "docstring": p.docstring,
+                          "sol_ms": p.sol.sol_ms}, indent=2, default=str))
+        return 0
+    print(f"{p.name}  [{p.family}, {p.dtype}]  hash {p.hash[:16]}")
+    print(f"  {p.docstring}\n")
+    print(p.description, "\n")
+    print(f"  sizes: {p.sizes}")
+    print(f"  SOL: {p.sol.flops:.3g} FLOP, {p.sol.bytes:.3g} B -> {p.sol.sol_ms:.4f} ms ({p.sol.bound}-bound, {p.sol.rate})")
+    print(f"  provenance: {p.provenance['source']}  | licence {p.license}")
+    print(f"  solutions: {[d for d in P.DSLS if p.solution_path(d).exists()]}, known-bad: {len(p.wrong_solutions())}")
+    return 0
+
+
+def _fmt(x: Any, spec: str = ".4f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def print_record(rec: Any) -> None:
+    from rich.console import Console
+
+    c = Console()
+    colour = {"ok": "green", "unverified": "yellow"}.get(rec.status, "red")
+    c.print(f"[bold]{rec.problem}[/bold] · {rec.dsl} · {rec.tier} tier ({rec.size})")
+    c.print(f"  status: [bold {colour}]{rec.status}[/]" + (f"  (stage: {rec.stage})" if rec.stage else ""))
+    if rec.message:
+        c.print("  " + rec.message.replace("\n", "\n  "), markup=False, highlight=False)
+    t = rec.timing
+    if t.kernel_ms is not None:
+        c.print(f"  kernel {_fmt(t.kernel_ms)} ms (device {_fmt(t.kernel_device_ms)} ms, cv {_fmt(t.kernel_cv, '.3f')}) · "
+                f"eager {_fmt(t.eager_ms)} ms · torch.compile {_fmt(t.compile_ms)} ms")
+        c.print(f"  speedup {_fmt(t.speedup, '.2f')}x vs eager, {_fmt(t.speedup_vs_compile, '.2f')}x vs torch.compile · "
+                f"SOL {_fmt(t.sol_ms)} ms ({_fmt(t.sol_fraction, '.2f')} of SOL)")
+    if rec.flags:
+        c.print(f"  flags: {', '.join(rec.flags)}")
+    if rec.artifacts:
+        c.print(f"  artifacts: {json.dumps({k: v for k, v in rec.artifacts.items() if k != 'after_launch_error'})}",
+                markup=False)
+    c.print(f"  stages (s): {json.dumps(rec.stages_s)}", markup=False)
+    env = rec.env
+    c.print(f"  env: {env.get('gpu', 'no GPU')} · driver {env.get('driver', '-')} · torch {env.get('torch')} · "
+            f"cutlass-dsl {env.get('cutlass_dsl')} · tvm {env.get('tvm')}", markup=False)
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from mkb_eval.harness.verify import Limits, verify
+    from mkb_eval.records import append_jsonl
+
+    prob = P.find(args.problem, args.root)
+    kernel = Path(args.kernel) if args.kernel else prob.solution_path(args.dsl)
+    if not kernel.is_file():
+        print(f"mkb verify: no kernel file at {kernel}", file=sys.stderr)
+        return 2
+    limits = Limits(correctness_s=args.timeout, timing_s=args.timeout, cpu_s=args.timeout)
+    rec = verify(prob, args.dsl, kernel, tier=args.tier, size=args.size, limits=limits,
+                 compile_baseline=not args.no_compile_baseline, keep_dir=args.keep)
+    if args.out:
+        append_jsonl(args.out, rec.to_dict())
+    if args.json:
+        print(json.dumps(rec.to_dict(), indent=2, default=str))
+    else:
+        print_record(rec)
+    return 0 if rec.status in ("ok", "unverified") else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="mkb", description="MetaKernelBench toolkit")
+    ap.add_argument("--root", default=None, help="problems folder (default: the one beside the package)")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    pr = sub.add_parser("problems", help="list or show problems")
+    psub = pr.add_subparsers(dest="what", required=True)
+    pl = psub.add_parser("list")
+    pl.add_argument("--family", choices=P.FAMILIES)
+    pl.add_argument("--json", action="store_true")
+    pl.set_defaults(fn=_problems_list)
+    ps = psub.add_parser("show")
+    ps.add_argument("problem", help="id or name")
+    ps.add_argument("--json", action="store_true")
+    ps.set_defaults(fn=_problems_show)
+
+    v = sub.add_parser("verify", help="verify a kernel against a problem (GPU, or the CPU tier without one)")
+    v.add_argument("--problem", required=True, help="id or name, e.g. 28")
+    v.add_argument("--dsl", required=True, choices=P.DSLS)
+    v.add_argument("--kernel", help="kernel.py (default: the problem's shipped solution for --dsl)")
+    v.add_argument("--tier", default="auto", choices=("auto", "gpu", "cpu"))
+    v.add_argument("--size", choices=P.SIZES, help="default: full on a GPU, smoke on the CPU tier")
+    v.add_argument("--timeout", type=float, default=300.0, help="seconds per phase")
+    v.add_argument("--no-compile-baseline", action="store_true", help="skip the torch.compile baseline")
+    v.add_argument("--out", help="append the record to this JSONL file")
+    v.add_argument("--keep", action="store_true", help="keep the evaluation's temp folder")
+    v.add_argument("--json", action="store_true")
+    v.set_defaults(fn=_verify)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.fn(args))
+    except P.ProblemError as e:
+        print(f"mkb: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

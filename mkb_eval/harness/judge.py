@@ -1,0 +1,100 @@
+"""The trusted side: regenerates inputs from the seeds, computes the reference and its fp64
+anchor only after the candidate's outputs exist, compares, and times the PyTorch baselines.
+
+Runs in the parent process, which never imports candidate code; the worker can neither see
+the expected outputs nor influence how they are computed or compared.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mkb_eval.harness import tensors
+from mkb_eval.harness.timing import Clock, TimingResult, time_draws
+from mkb_eval.harness.tolerance import Mismatch, compare, reference_numerics, run_reference
+from mkb_eval.problems import Problem, load_module
+
+
+class Judge:
+    def __init__(self, problem: Problem, size: str, device: str) -> None:
+        self.problem = problem
+        self.module = load_module(problem)
+        self.size = size
+        self.device = device
+
+    def inputs(self, seed: int) -> list[Any]:
+        torch.manual_seed(seed)
+        return self.module.make_inputs(self.size, self.device)
+
+    def expected(self, inputs: list[Any]) -> tuple[Any, Any]:
+        ref = run_reference(self.module.reference, inputs)
+        anchor = run_reference(self.module.reference, inputs, anchored=True)
+        return ref, anchor
+
+    def check(self, seed: int, out_path: Path, worker_digests: list[Any] | None = None) -> Mismatch | None:
+        """Judge one saved output of the candidate against the reference for ``seed``."""
+        inputs = self.inputs(seed)
+        if worker_digests is not None:
+            for pos, (after, before) in enumerate(zip(worker_digests, tensors.digests(inputs))):
+                if before is not None and after is not None and tuple(after) != tuple(before) \
+                        and pos not in self.problem.mutates:
+                    return Mismatch(f"input[{pos}]", "modified by solve; this problem's inputs are read-only")
+        if not out_path.exists():
+            return Mismatch("output", "the worker saved no output for this draw")
+        out = tensors.to_device(tensors.load(out_path), self.device)
+        ref, anchor = self.expected(inputs)
+        return compare(out, ref, anchor, self.problem.tolerance_factor)
+
+    def time_reference(self, warmup: list[int], timing: list[int], compiled: bool = False) -> tuple[TimingResult, float]:
+        """Eager (or torch.compile) reference timed with the candidate's procedure; (result, setup s)."""
+        fn = self.module.reference
+        setup = 0.0
+        if compiled:
+            import torch._dynamo
+
+            torch._dynamo.reset()
+            t0 = time.perf_counter()
+            fn = torch.compile(self.module.reference)
+            with reference_numerics():
+                fn(*self.inputs(warmup[0]))
+            torch.cuda.synchronize()
+            setup = time.perf_counter() - t0
+        dev = torch.device(self.device)
+        with reference_numerics(), torch.no_grad():
+            res = time_draws(fn, self.inputs, warmup, timing, Clock(), dev)
+        return res, setup
+
+
+def compile_baseline_cached(problem: Problem, size: str, env: dict[str, Any], cache_dir: Path,
+                            measure: Any) -> tuple[float | None, bool, str | None]:
+    """torch.compile time per (problem hash, GPU, torch): measured once, then reused.
+
+    Compiling the reference takes tens of seconds; the kernel-independent number need not be
+    paid again for every evaluation. Returns (ms, cached, error).
+    """
+    key = f"{problem.hash}|{size}|{env.get('gpu')}|{env.get('torch')}"
+    path = cache_dir / "compile_baselines.jsonl"
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if rec.get("key") == key:
+                return rec.get("ms"), True, rec.get("error")
+    try:
+        ms, err = float(measure()), None
+    except Exception as e:  # noqa: BLE001 - torch.compile failing on a reference is a recorded fact
+        ms, err = None, f"{type(e).__name__}: {str(e)[:300]}"
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        f.write(json.dumps({"key": key, "ms": ms, "error": err}) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    return ms, False, err

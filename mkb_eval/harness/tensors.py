@@ -1,0 +1,104 @@
+"""Tensor helpers shared by the worker and the judge: digests, snapshots, poisoning, transport."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def walk(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in walk(v)]
+    return []
+
+
+def digest(t: torch.Tensor) -> tuple[int, int]:
+    """An exact, order-independent fingerprint of a tensor's bytes, computed on its own device.
+
+    Integer sums wrap modulo 2**64, so the result does not depend on reduction order and the
+    worker and the judge compute the same number for the same bytes.
+    """
+    b = t.detach().contiguous().reshape(-1).view(torch.uint8)
+    if b.numel() % 4 == 0:
+        words = b.view(torch.int32).to(torch.int64)
+    else:
+        words = b.to(torch.int64)
+    w = torch.arange(words.numel(), device=words.device, dtype=torch.int64) % 65521 + 1
+    return int((words * w).sum()), int(words.sum())
+
+
+def digests(inputs: list[Any]) -> list[tuple[int, int] | None]:
+    return [digest(v) if isinstance(v, torch.Tensor) else None for v in inputs]
+
+
+def snapshot(value: Any) -> Any:
+    """Copy outputs on the caller's current stream, without any synchronization first.
+
+    Work a kernel left unfinished on another stream is not waited for, so a submission that
+    returns before its results are ready on the caller's stream is caught.
+    """
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, (list, tuple)):
+        return type(value)(snapshot(v) for v in value)
+    return value
+
+
+def to_device(value: Any, device: str | torch.device) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, (list, tuple)):
+        return type(value)(to_device(v, device) for v in value)
+    return value
+
+
+def save(value: Any, path: Path) -> None:
+    torch.save(to_device(value, "cpu"), path)
+
+
+def load(path: Path) -> Any:
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def refill_(dst: list[Any], src: list[Any]) -> list[Any]:
+    """Copy a new draw's values into the previous draw's buffers (same addresses, new content)."""
+    out = []
+    for d, s in zip(dst, src):
+        if isinstance(d, torch.Tensor) and isinstance(s, torch.Tensor) and d.shape == s.shape and d.dtype == s.dtype:
+            d.copy_(s)
+            out.append(d)
+        else:
+            out.append(s)
+    return out
+
+
+def poison_free_memory(device: torch.device, max_bytes: int = 8 << 30) -> int:
+    """Fill the caching allocator's free blocks with 0xFF (NaN for floats) and give them back.
+
+    A later ``torch.empty`` that lands on a stale block then reads garbage instead of an old
+    result. Stops at the first allocation that needs fresh device memory. Returns bytes poisoned.
+    """
+    held: list[torch.Tensor] = []
+    poisoned = 0
+    chunk = 256 << 20
+    while chunk >= (1 << 20) and poisoned < max_bytes:
+        before = torch.cuda.memory_reserved(device)
+        try:
+            t = torch.empty(chunk, dtype=torch.uint8, device=device)
+        except torch.OutOfMemoryError:
+            chunk //= 4
+            continue
+        if torch.cuda.memory_reserved(device) > before:
+            del t
+            chunk //= 4
+            continue
+        t.fill_(0xFF)
+        held.append(t)
+        poisoned += chunk
+    torch.cuda.synchronize(device)
+    del held
+    return poisoned

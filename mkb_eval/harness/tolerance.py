@@ -1,0 +1,173 @@
+"""Correctness arithmetic: structure checks and the fp64-anchored tolerance.
+
+An output passes iff ``max|out - anchor| <= factor * max(max|ref - anchor|, eps(dtype) * max|anchor|)``,
+where ``ref`` is the reference in its own precision and ``anchor`` the same reference run on
+inputs promoted to float64. Integer and bool outputs must match exactly. Non-finite values
+fail unless the anchor holds the same non-finite value at that position.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """Why an output does not match: the path (``output[1]``) and a one-line reason."""
+
+    path: str
+    reason: str
+    max_error: float | None = None
+    allowance: float | None = None
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.reason}"
+
+
+@contextlib.contextmanager
+def reference_numerics() -> Iterator[None]:
+    """Full-precision matmuls and reductions while the reference runs (no TF32, no reduced-precision)."""
+    m = torch.backends.cuda.matmul
+    saved = (m.allow_tf32, torch.backends.cudnn.allow_tf32, m.allow_bf16_reduced_precision_reduction,
+             m.allow_fp16_reduced_precision_reduction, torch.get_float32_matmul_precision())
+    m.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    m.allow_bf16_reduced_precision_reduction = False
+    m.allow_fp16_reduced_precision_reduction = False
+    torch.set_float32_matmul_precision("highest")
+    try:
+        yield
+    finally:
+        (m.allow_tf32, torch.backends.cudnn.allow_tf32, m.allow_bf16_reduced_precision_reduction,
+         m.allow_fp16_reduced_precision_reduction) = saved[:4]
+        torch.set_float32_matmul_precision(saved[4])
+
+
+def promote(value: Any) -> Any:
+    """Floating tensors (and floats) to float64; everything else unchanged (deep)."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to(torch.float64).clone() if value.is_floating_point() else value.detach().clone()
+    if isinstance(value, (list, tuple)):
+        return type(value)(promote(v) for v in value)
+    return copy.deepcopy(value)
+
+
+def clone_inputs(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, (list, tuple)):
+        return type(value)(clone_inputs(v) for v in value)
+    return copy.deepcopy(value)
+
+
+def run_reference(reference: Any, inputs: list[Any], anchored: bool = False) -> Any:
+    """Run the reference on a private copy of the inputs (references may mutate them)."""
+    args = promote(inputs) if anchored else clone_inputs(inputs)
+    with reference_numerics(), torch.no_grad():
+        return reference(*args)
+
+
+def _kind(v: Any) -> str:
+    if isinstance(v, torch.Tensor):
+        return "tensor"
+    return type(v).__name__
+
+
+def check_structure(out: Any, ref: Any, path: str = "output") -> Mismatch | None:
+    """Same container type, length and nesting; tensors with the same shape, dtype and device."""
+    if isinstance(ref, torch.Tensor):
+        if not isinstance(out, torch.Tensor):
+            return Mismatch(path, f"expected a tensor, got {_kind(out)}")
+        if tuple(out.shape) != tuple(ref.shape):
+            return Mismatch(path, f"shape {tuple(out.shape)} != expected {tuple(ref.shape)}")
+        if out.dtype != ref.dtype:
+            return Mismatch(path, f"dtype {out.dtype} != expected {ref.dtype}")
+        if out.device.type != ref.device.type:
+            return Mismatch(path, f"device {out.device} != expected {ref.device}")
+        return None
+    if isinstance(ref, (list, tuple)):
+        if type(out) is not type(ref):
+            return Mismatch(path, f"expected a {type(ref).__name__}, got {_kind(out)}")
+        if len(out) != len(ref):
+            return Mismatch(path, f"length {len(out)} != expected {len(ref)}")
+        for i, (o, r) in enumerate(zip(out, ref)):
+            bad = check_structure(o, r, f"{path}[{i}]")
+            if bad:
+                return bad
+        return None
+    if isinstance(ref, bool) or isinstance(out, bool):
+        return None if type(out) is type(ref) else Mismatch(path, f"expected {type(ref).__name__}, got {_kind(out)}")
+    if isinstance(ref, (int, float)):
+        return None if isinstance(out, (int, float)) else Mismatch(path, f"expected a number, got {_kind(out)}")
+    return None if type(out) is type(ref) else Mismatch(path, f"expected {type(ref).__name__}, got {_kind(out)}")
+
+
+def _compare_tensor(out: torch.Tensor, ref: torch.Tensor, anchor: torch.Tensor, factor: float,
+                    path: str) -> Mismatch | None:
+    if not ref.is_floating_point() and not ref.is_complex():
+        diff = (out != ref.to(out.device))
+        n = int(diff.sum())
+        if n:
+            first = tuple(int(i) for i in diff.nonzero()[0].tolist())
+            return Mismatch(path, f"{n} of {ref.numel()} elements differ (exact match required; first at {first}: "
+                                  f"got {out[first].item()}, expected {ref[first].item()})")
+        return None
+    o = out.detach().to(torch.float64)
+    a = anchor.detach().to(device=o.device, dtype=torch.float64)
+    r = ref.detach().to(device=o.device, dtype=torch.float64)
+    a_fin = torch.isfinite(a)
+    if not bool(a_fin.all()):
+        special = ~a_fin
+        same = (o[special] == a[special]) | (torch.isnan(o[special]) & torch.isnan(a[special]))
+        if not bool(same.all()):
+            return Mismatch(path, "non-finite reference values (inf/nan) not reproduced")
+    o_bad = ~torch.isfinite(o) & a_fin
+    if bool(o_bad.any()):
+        return Mismatch(path, f"contains {int(o_bad.sum())} non-finite values where the reference is finite")
+    if not bool(a_fin.any()):
+        return None
+    err = float((o - a)[a_fin].abs().max())
+    ref_err = float((r - a)[a_fin].abs().max())
+    scale = float(a[a_fin].abs().max())
+    allowance = factor * max(ref_err, torch.finfo(out.dtype).eps * scale)
+    if err > allowance:
+        over = int(((o - a).abs() > allowance)[a_fin].sum())
+        ratio = err / allowance if allowance > 0 else float("inf")
+        return Mismatch(path, f"max abs error {err:.4g} exceeds the allowance {allowance:.4g} ({ratio:.3g}x over), "
+                              f"{over} of {a_fin.sum().item()} elements over", err, allowance)
+    return None
+
+
+def compare(out: Any, ref: Any, anchor: Any, factor: float = 3.0, path: str = "output") -> Mismatch | None:
+    """Structure first, then values; returns the first mismatch or None."""
+    bad = check_structure(out, ref, path)
+    if bad:
+        return bad
+    if isinstance(ref, torch.Tensor):
+        return _compare_tensor(out, ref, anchor, factor, path)
+    if isinstance(ref, (list, tuple)):
+        for i, (o, r, a) in enumerate(zip(out, ref, anchor)):
+            bad = compare(o, r, a, factor, f"{path}[{i}]")
+            if bad:
+                return bad
+        return None
+    if isinstance(ref, float):
+        t = torch.tensor([float(out)], dtype=torch.float64)
+        return _compare_tensor(t, torch.tensor([ref], dtype=torch.float32), torch.tensor([float(anchor)],
+                               dtype=torch.float64), factor, path)
+    return None if out == ref else Mismatch(path, f"got {out!r}, expected {ref!r}")
+
+
+def zeros_like_output(value: Any) -> Any:
+    """The "return zeros" answer of the same structure (used to prove a problem is not degenerate)."""
+    if isinstance(value, torch.Tensor):
+        return torch.zeros_like(value)
+    if isinstance(value, (list, tuple)):
+        return type(value)(zeros_like_output(v) for v in value)
+    return type(value)(0) if isinstance(value, (int, float)) else value

@@ -1,0 +1,387 @@
+"""Verify one kernel against one problem: the orchestration of worker (untrusted) and judge (trusted).
+
+GPU tier: static policy → worker phase 1 (5 secret-seed draws + the DSL-dependence draw) →
+judge → worker phase 2 (10 warmup + 50 timed draws) → judge the 3 random rechecks → eager and
+torch.compile baselines on the same GPU → record. CPU tier: static policy, the reference at smoke
+size, and a compile-only run of the candidate; what needs a GPU is marked ``unverified``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import mkb_eval
+from mkb_eval import problems as P
+from mkb_eval.env import describe
+from mkb_eval.harness.channel import read_messages
+from mkb_eval.harness.policy import check_source
+from mkb_eval.records import Timing, VerificationRecord
+
+CORRECTNESS_DRAWS = 5
+WARMUP_DRAWS = 10
+TIMING_DRAWS = 50
+RECHECKS = 3
+REUSE_DRAWS = (2, 4)           # correctness draws that refill the previous draw's buffers
+OUTPUT_TAIL = 4000
+SOL_SLACK = 0.9                # faster than 90% of the speed-of-light time is implausible
+_SECRET_ENV = ("TOKEN", "SECRET", "PASSWORD", "API_KEY", "ACCESS_KEY", "CREDENTIAL")
+
+
+@dataclass
+class Limits:
+    """Wall-clock limits (seconds) and the cap on the worker's file sizes."""
+
+    correctness_s: float = 300.0
+    timing_s: float = 300.0
+    cpu_s: float = 300.0
+    max_file_bytes: int = 8 << 30
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("MKB_CACHE_DIR", Path.home() / ".cache" / "mkb"))
+
+
+def _seed() -> int:
+    return secrets.randbits(63)
+
+
+def _scrubbed_env(extra: dict[str, str]) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not any(s in k.upper() for s in _SECRET_ENV) and not k.upper().startswith(("HF_TOKEN", "OPENAI", "MKB_API"))}
+    root = str(Path(mkb_eval.__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.update(extra)
+    return env
+
+
+def _tail(path: Path, n: int = OUTPUT_TAIL) -> str:
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            f.seek(max(0, size - n))
+            data = f.read().decode(errors="replace")
+        return (f"[... {size - n} bytes cut ...]\n" if size > n else "") + data
+    except FileNotFoundError:
+        return ""
+
+
+class _Worker:
+    """One worker process in its own session, temp dir and DSL caches."""
+
+    def __init__(self, job: dict[str, Any], root: Path, limits: Limits, env_extra: dict[str, str]) -> None:
+        self.root = root
+        self.sentinel = secrets.token_hex(16)
+        self.channel = root / "channel"
+        self.gate_r, self.gate_w = os.pipe()
+        job = {**job, "sentinel": self.sentinel, "channel": str(self.channel), "gate_fd": self.gate_r}
+        job_path = root / "job.json"
+        import json
+
+        job_path.write_text(json.dumps(job))
+        job_path.chmod(0o600)
+        work = root / "work"
+        env = _scrubbed_env({
+            "TMPDIR": str(root / "tmp"), "CUTE_DSL_DISABLE_FILE_CACHING": "1", "CUTE_DSL_CACHE_DIR": str(root / "cute_cache"),
+            "XDG_CACHE_HOME": str(root / "cache"), "TVM_HOME": str(root / "tvm"), "PYTHONDONTWRITEBYTECODE": "1",
+            "PYTHONUNBUFFERED": "1", **env_extra,
+        })
+        max_bytes = limits.max_file_bytes
+
+        def limit() -> None:  # in the child, before exec
+            import resource
+
+            resource.setrlimit(resource.RLIMIT_FSIZE, (max_bytes, max_bytes))
+            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+        self.stdout, self.stderr = root / "stdout.txt", root / "stderr.txt"
+        with open(self.stdout, "wb") as so, open(self.stderr, "wb") as se:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "mkb_eval.harness.worker", str(job_path)], cwd=work, env=env,
+                stdin=subprocess.DEVNULL, stdout=so, stderr=se, start_new_session=True, pass_fds=(self.gate_r,),
+                preexec_fn=limit)
+        os.close(self.gate_r)
+
+    def messages(self) -> list[dict[str, Any]]:
+        return read_messages(self.channel, self.sentinel)
+
+    def wait_for(self, kinds: tuple[str, ...], timeout: float) -> tuple[dict[str, Any] | None, str]:
+        """The first message of one of ``kinds``; else (None, 'timeout' | 'exited')."""
+        deadline = time.monotonic() + timeout
+        while True:
+            for m in self.messages():
+                if m.get("kind") in kinds:
+                    return m, "message"
+            if self.proc.poll() is not None:
+                for m in self.messages():  # a message written just before exit
+                    if m.get("kind") in kinds:
+                        return m, "message"
+                return None, "exited"
+            if time.monotonic() > deadline:
+                return None, "timeout"
+            time.sleep(0.02)
+
+    def last_stage(self) -> str:
+        stages = [m.get("stage", "") for m in self.messages()]
+        return stages[-1] if stages else "startup"
+
+    def open_gate(self, go: bool) -> None:
+        try:
+            os.write(self.gate_w, b"go" if go else b"stop")
+        except OSError:
+            pass
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            os.close(self.gate_w)
+        except OSError:
+            pass
+
+    def death(self) -> str:
+        rc = self.proc.returncode
+        if rc is None:
+            return "still running"
+        if rc < 0:
+            try:
+                return f"killed by signal {-rc} ({signal.Signals(-rc).name})"
+            except ValueError:
+                return f"killed by signal {-rc}"
+        return f"exited with code {rc}"
+
+
+def verify(problem: P.Problem | str | int, dsl: str, kernel: str | Path, *, tier: str = "auto",
+           size: str | None = None, device: str = "cuda:0", limits: Limits | None = None,
+           compile_baseline: bool = True, cache_dir: Path | None = None, keep_dir: bool = False) -> VerificationRecord:
+    """Verify ``kernel`` (a path to kernel.py) for ``problem`` in ``dsl``; never raises for candidate faults."""
+    if dsl not in P.DSLS:
+        raise ValueError(f"unknown DSL '{dsl}' (choose from {', '.join(P.DSLS)})")
+    prob = problem if isinstance(problem, P.Problem) else P.find(problem)
+    kernel = Path(kernel)
+    source = kernel.read_text(errors="replace")
+    import torch
+
+    if tier == "auto":
+        tier = "gpu" if torch.cuda.is_available() else "cpu"
+    if tier not in ("gpu", "cpu"):
+        raise ValueError(f"tier must be gpu, cpu or auto, not {tier!r}")
+    size = size or ("full" if tier == "gpu" else "smoke")
+    limits = limits or Limits()
+    cache_dir = cache_dir or default_cache_dir()
+    t_start = time.perf_counter()
+    rec = VerificationRecord(
+        status="crashed", problem_id=prob.id, problem=prob.name, problem_hash=prob.hash, dsl=dsl,
+        kernel_sha256=hashlib.sha256(source.encode()).hexdigest(), tier=tier, size=size,
+        created_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        env=describe(gpu=tier == "gpu"))
+    pol = check_source(source, kernel.name)
+    rec.flags, rec.policy_details = list(pol.flags), list(pol.details)
+    if "syntax_error" in pol.flags:
+        rec.status, rec.stage = "compile_error", "parse"
+        rec.message = "SyntaxError: " + "; ".join(pol.details)
+        return rec
+    if pol.violations:
+        rec.status, rec.stage = "policy_violation", "static_check"
+        rec.message = "forbidden: " + "; ".join(d for d in pol.details if d.split(":")[0] in pol.violations)
+        return rec
+
+    root = Path(tempfile.mkdtemp(prefix="mkb-eval-"))
+    for sub in ("work", "tmp", "out", "dump", "cache", "cute_cache", "tvm"):
+        (root / sub).mkdir()
+    shutil.copyfile(kernel, root / "work" / "kernel.py")
+    try:
+        if tier == "cpu":
+            _run_cpu(rec, prob, dsl, root, limits)
+        else:
+            _run_gpu(rec, prob, dsl, root, size, device, limits, compile_baseline, cache_dir)
+    finally:
+        rec.stages_s["total"] = round(time.perf_counter() - t_start, 3)
+        if not keep_dir:
+            shutil.rmtree(root, ignore_errors=True)
+    return rec
+
+
+def verify_source(problem: P.Problem | str | int, dsl: str, source: str, **kwargs: Any) -> dict[str, Any]:
+    """Verify kernel source text; returns the record as a dict (for the metric's GPU mode)."""
+    with tempfile.TemporaryDirectory(prefix="mkb-src-") as d:
+        path = Path(d) / "kernel.py"
+        path.write_text(source)
+        return verify(problem, dsl, path, **kwargs).to_dict()
+
+
+def _job(prob: P.Problem, dsl: str, root: Path, tier: str, size: str, device: str) -> dict[str, Any]:
+    return {"problem_dir": str(prob.path), "dsl": dsl, "tier": tier, "size": size, "device": device,
+            "kernel_path": str(root / "work" / "kernel.py"), "out_dir": str(root / "out"), "dump_dir": str(root / "dump"),
+            "correctness_seeds": [_seed() for _ in range(CORRECTNESS_DRAWS)], "reuse_draws": list(REUSE_DRAWS),
+            "nodsl_seed": _seed(), "warmup_seeds": [_seed() for _ in range(WARMUP_DRAWS)],
+            "timing_seeds": [_seed() for _ in range(TIMING_DRAWS)],
+            "recheck": sorted(secrets.SystemRandom().sample(range(TIMING_DRAWS), RECHECKS))}
+
+
+def _fail_from_worker(rec: VerificationRecord, w: _Worker, how: str, timeout: float) -> None:
+    final = [m for m in w.messages() if m.get("kind") == "final"]
+    if final:
+        m = final[-1]
+        rec.status, rec.stage, rec.message = m["status"], m.get("stage", ""), m.get("message", "")
+        rec.flags = sorted(set(rec.flags) | set(m.get("flags", [])))
+        if m.get("artifacts"):
+            rec.artifacts = m["artifacts"]
+    elif how == "timeout":
+        rec.status, rec.stage = "timeout", w.last_stage()
+        rec.message = f"kernel evaluation hung during {rec.stage}, killed after {timeout:.0f}s"
+    else:
+        w.proc.wait()
+        rec.status, rec.stage = "crashed", w.last_stage()
+        rec.message = f"worker {w.death()} during {rec.stage}"
+
+
+def _run_cpu(rec: VerificationRecord, prob: P.Problem, dsl: str, root: Path, limits: Limits) -> None:
+    import torch
+
+    from mkb_eval.harness.judge import Judge
+
+    from mkb_eval.harness import tensors
+    from mkb_eval.harness.tolerance import check_structure
+
+    job = _job(prob, dsl, root, "cpu", "smoke", "cpu")
+    t0 = time.perf_counter()
+    judge = Judge(prob, "smoke", "cpu")
+    ref, _ = judge.expected(judge.inputs(job["correctness_seeds"][0]))   # reference and anchor at smoke size
+    rec.stages_s["reference_smoke"] = round(time.perf_counter() - t0, 3)
+    rec.correctness["reference_smoke"] = "ok"
+    del torch
+    w = _Worker(job, root, limits, {"CUTE_DSL_ARCH": "sm_90a", "CUTE_DSL_KEEP": "ptx,cubin",
+                                    "CUTE_DSL_DUMP_DIR": str(root / "dump"), "CUDA_VISIBLE_DEVICES": ""})
+    try:
+        msg, how = w.wait_for(("final",), limits.cpu_s)
+        out_path = root / "out" / "cpu_out.pt"
+        bad = check_structure(tensors.load(out_path), ref) if msg and out_path.exists() else None
+        if msg and msg["status"] == "unverified" and bad:
+            rec.status, rec.stage = "incorrect", "structure"
+            rec.message = f"the returned structure does not match the reference's: {bad}"
+        elif msg and msg["status"] == "unverified":
+            rec.status, rec.stage = "unverified", "compile_only"
+            rec.message = (f"compiled for sm_90a on CPU ({msg.get('launches', 0)} launch(es) intercepted); "
+                           "correctness and speed need a GPU")
+            rec.artifacts = msg.get("artifacts", {})
+            rec.stages_s.update(import_s=round(msg.get("import_s", 0.0), 3), compile_s=round(msg.get("compile_s", 0.0), 3))
+            if msg.get("after_launch_error"):
+                rec.artifacts["after_launch_error"] = msg["after_launch_error"][-1000:]
+        else:
+            _fail_from_worker(rec, w, how, limits.cpu_s)
+    finally:
+        w.kill()
+        rec.stdout_tail, rec.stderr_tail = _tail(w.stdout), _tail(w.stderr)
+
+
+def _run_gpu(rec: VerificationRecord, prob: P.Problem, dsl: str, root: Path, size: str, device: str,
+             limits: Limits, compile_baseline: bool, cache_dir: Path) -> None:
+    import torch
+
+    from mkb_eval.harness.judge import Judge, compile_baseline_cached
+
+    job = _job(prob, dsl, root, "gpu", size, device)
+    judge = Judge(prob, size, device)
+    out = root / "out"
+    w = _Worker(job, root, limits, {})
+    try:
+        t0 = time.perf_counter()
+        msg, how = w.wait_for(("phase1", "final"), limits.correctness_s)
+        rec.stages_s["worker_phase1"] = round(time.perf_counter() - t0, 3)
+        if not msg or msg["kind"] == "final":
+            _fail_from_worker(rec, w, how, limits.correctness_s)
+            return
+        rec.stages_s.update(import_s=round(msg["import_s"], 3), first_call_s=round(msg["first_call_s"], 3),
+                            correctness_draws_s=round(msg["correctness_s"], 3))
+        t0 = time.perf_counter()
+        for d in msg["draws"]:
+            bad = judge.check(job["correctness_seeds"][d["draw"]], out / f"corr_{d['draw']}.pt", d["input_digests"])
+            if bad:
+                reused = " (inputs refilled in the previous draw's buffers)" if d["draw"] in REUSE_DRAWS else ""
+                rec.status, rec.stage = "incorrect", "correctness"
+                rec.message = f"correctness draw {d['draw'] + 1} of {CORRECTNESS_DRAWS}{reused}: {bad}"
+                rec.correctness.update(draws_passed=d["draw"], max_error=bad.max_error, allowance=bad.allowance)
+                return
+        addrs = [tuple(d["addresses"]) for d in msg["draws"]]
+        rec.correctness.update(draws_passed=CORRECTNESS_DRAWS, launches=[d["launches"] for d in msg["draws"]],
+                               distinct_input_addresses=len(set(addrs)))
+        if msg["nodsl"] == "returned" and judge.check(job["nodsl_seed"], out / "nodsl.pt") is None:
+            rec.status, rec.stage = "no_dsl_kernel", "dsl_dependence"
+            rec.message = ("the output is still correct with every DSL launch suppressed and free memory poisoned: "
+                           "the DSL kernel does not compute the result")
+            return
+        rec.correctness["dsl_dependence"] = f"fails without the DSL ({msg['nodsl']})"
+        rec.stages_s["judge_correctness"] = round(time.perf_counter() - t0, 3)
+
+        w.open_gate(True)
+        t0 = time.perf_counter()
+        fin, how = w.wait_for(("final",), limits.timing_s)
+        rec.stages_s["worker_timing"] = round(time.perf_counter() - t0, 3)
+        if not fin or fin["status"] != "timed":
+            _fail_from_worker(rec, w, how, limits.timing_s)
+            return
+    finally:
+        w.kill()
+        rec.stdout_tail, rec.stderr_tail = _tail(w.stdout), _tail(w.stderr)
+
+    t0 = time.perf_counter()
+    for i in job["recheck"]:
+        bad = judge.check(job["timing_seeds"][i], out / f"time_{i}.pt")
+        if bad:
+            rec.status, rec.stage = "incorrect", "timing_recheck"
+            rec.message = f"timed draw {i + 1} of {TIMING_DRAWS} (re-checked at random): {bad}"
+            return
+    rec.stages_s["judge_rechecks"] = round(time.perf_counter() - t0, 3)
+
+    import statistics
+
+    times = fin["times_ms"]
+    t = Timing(kernel_ms=float(statistics.median(times)), kernel_device_ms=fin.get("device_ms"),
+               kernel_cv=float(statistics.pstdev(times) / statistics.mean(times)), n_warmup=WARMUP_DRAWS,
+               n_timed=TIMING_DRAWS, times_ms=[round(x, 5) for x in times])
+    rec.kernels = fin.get("kernels", [])
+    t0 = time.perf_counter()
+    eager, _ = judge.time_reference(job["warmup_seeds"], job["timing_seeds"])
+    t.eager_ms = eager.median_ms
+    rec.stages_s["eager_baseline"] = round(time.perf_counter() - t0, 3)
+    if compile_baseline:
+        t0 = time.perf_counter()
+
+        def measure() -> float:
+            return judge.time_reference(job["warmup_seeds"], job["timing_seeds"], compiled=True)[0].median_ms
+
+        t.compile_ms, t.compile_cached, err = compile_baseline_cached(prob, size, rec.env, cache_dir, measure)
+        if err:
+            rec.flags.append("compile_baseline_failed")
+        rec.stages_s["compile_baseline"] = round(time.perf_counter() - t0, 3)
+    t.speedup = t.eager_ms / t.kernel_ms if t.kernel_ms else None
+    t.speedup_vs_compile = t.compile_ms / t.kernel_ms if t.compile_ms and t.kernel_ms else None
+    if size == "full":
+        t.sol_ms = prob.sol.sol_ms
+        t.sol_fraction = t.sol_ms / t.kernel_ms
+        dev = t.kernel_device_ms or t.kernel_ms
+        if dev < SOL_SLACK * t.sol_ms:
+            rec.flags.append("implausible_speedup")
+    rec.timing = t
+    rec.status, rec.stage = "ok", "done"
+    rec.message = (f"passed {CORRECTNESS_DRAWS} draws + {RECHECKS} timed rechecks; {t.kernel_ms:.4f} ms vs eager "
+                   f"{t.eager_ms:.4f} ms ({t.speedup:.2f}x)")
+    del torch

@@ -1,0 +1,262 @@
+"""The evaluation worker: runs one untrusted candidate in a fresh process.
+
+It makes inputs from the seeds it is given, calls ``solve``, and hands outputs to the parent
+through files; it never computes an expected output, so nothing in this process can find one.
+Phase 1 (correctness draws + the DSL-dependence draw) ends by waiting on a gate: the parent
+judges, then lets the timed phase run or stops the worker. Usage:
+``python -m mkb_eval.harness.worker <job.json>``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from mkb_eval.harness.channel import Channel
+
+# exceptions raised by these packages before any launch are compile errors
+_DSL_MODULES = ("cutlass", "tvm", "tvm_ffi", "mlir")
+
+
+def _classify(exc: BaseException, launched: bool) -> str:
+    if isinstance(exc, (SyntaxError, ImportError)):
+        return "compile_error"
+    mod = type(exc).__module__ or ""
+    if not launched and (mod.split(".")[0] in _DSL_MODULES or "DSL" in type(exc).__name__):
+        return "compile_error"
+    return "runtime_error"
+
+
+def _format_exc(exc: BaseException, limit: int = 4000) -> str:
+    lines = traceback.format_exception(type(exc), exc, exc.__traceback__)
+    keep = [ln for ln in lines if "mkb_eval/harness" not in ln and "<frozen importlib" not in ln]
+    text = "".join(keep)
+    return text[-limit:]
+
+
+def _import_file(path: Path, name: str) -> Any:
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {path}")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+class Stop(Exception):
+    """Ends the worker with a final status message."""
+
+    def __init__(self, status: str, message: str, **extra: Any) -> None:
+        super().__init__(message)
+        self.status, self.message, self.extra = status, message, extra
+
+
+def main(argv: list[str]) -> int:
+    job_path = Path(argv[1])
+    job = json.loads(job_path.read_text())
+    job_path.unlink()  # the seeds are not left on disk once the candidate runs
+    chan = Channel(job["channel"], job["sentinel"])
+    stage = "start"
+
+    def progress(s: str, **kw: Any) -> None:
+        nonlocal stage
+        stage = s
+        chan.send(kind="progress", stage=s, t=time.time(), **kw)
+
+    try:
+        progress("setup")
+        result = run(job, chan, progress)
+        chan.send(kind="final", status=result.pop("status"), stage="done", **result)
+    except Stop as s:
+        chan.send(kind="final", status=s.status, stage=stage, message=s.message, **s.extra)
+    except BaseException as e:  # noqa: BLE001 - everything the candidate raises becomes a status
+        chan.send(kind="final", status="runtime_error", stage=stage, message=_format_exc(e))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # skip interpreter teardown: candidate atexit hooks and destructors do not run
+
+
+def run(job: dict[str, Any], chan: Channel, progress: Any) -> dict[str, Any]:
+    import torch
+
+    from mkb_eval.harness import observe, tensors
+    from mkb_eval.harness.timing import Clock, device_time_ms, time_draws
+
+    tier = job["tier"]
+    device = torch.device(job["device"])
+    clock = Clock()                                     # captured before the candidate exists
+    manual_seed = torch.manual_seed
+    problem = _import_file(Path(job["problem_dir"]) / "reference.py", "mkb_task")
+    make_inputs = problem.make_inputs
+    size = job["size"]
+
+    def make(seed: int) -> list[Any]:
+        manual_seed(seed)
+        return make_inputs(size, job["device"])
+
+    out_dir = Path(job["out_dir"])
+    progress("dsl_import")
+    observe.install(job["dsl"])
+    log = observe.LOG
+    if tier == "cpu":
+        log.suppressed = True                             # a compiled kernel cannot run without a GPU
+
+    progress("kernel_import")
+    t0 = time.perf_counter()
+    try:
+        cand = _import_file(Path(job["kernel_path"]), "mkb_candidate")
+    except BaseException as e:  # noqa: BLE001
+        raise Stop(_classify(e, False), _format_exc(e)) from None
+    solve = getattr(cand, "solve", None)
+    if not callable(solve):
+        raise Stop("compile_error", "kernel.py defines no callable 'solve'")
+    import_s = time.perf_counter() - t0
+
+    def call(inputs: list[Any], what: str) -> tuple[Any, int]:
+        before = log.total()
+        try:
+            out = solve(*inputs)
+        except BaseException as e:  # noqa: BLE001
+            raise Stop(_classify(e, log.total() > before), f"{what}: " + _format_exc(e)) from None
+        return out, log.total() - before
+
+    def check_tamper(where: str) -> None:
+        bad = clock.tampered()
+        if torch.manual_seed is not manual_seed:
+            bad.append("torch.manual_seed")
+        if bad:
+            raise Stop("policy_violation", f"timing/RNG primitives replaced ({', '.join(bad)}) — detected {where}",
+                       flags=["timing_patch"])
+
+    check_tamper("after import")
+    if tier == "cpu":
+        return _cpu_tier(job, make, call, log, progress, import_s)
+
+    # ---- phase 1: correctness draws --------------------------------------------------------
+    draws: list[dict[str, Any]] = []
+    prev: list[Any] | None = None
+    t_corr = time.perf_counter()
+    first_call_s = None
+    for i, seed in enumerate(job["correctness_seeds"]):
+        progress("correctness", draw=i)
+        inputs = make(seed)
+        if i in job["reuse_draws"] and prev is not None:
+            inputs = tensors.refill_(prev, inputs)        # same addresses, new content
+        addrs = [t.data_ptr() for t in tensors.walk(inputs)]
+        t1 = time.perf_counter()
+        out, launched = call(inputs, f"correctness draw {i + 1}")
+        snap = tensors.snapshot(out)                       # on the caller's stream, no sync first
+        clock.synchronize()
+        if first_call_s is None:
+            first_call_s = time.perf_counter() - t1
+        if launched == 0:
+            raise Stop("no_dsl_kernel", f"correctness draw {i + 1}: solve launched no {job['dsl']} kernel "
+                                        f"(compiled functions created: {log.compiled[job['dsl']]})")
+        tensors.save(snap, out_dir / f"corr_{i}.pt")
+        draws.append({"draw": i, "launches": launched, "input_digests": tensors.digests(inputs), "addresses": addrs})
+        check_tamper(f"in correctness draw {i + 1}")
+        prev = inputs
+        del out, snap
+    prev = None
+    corr_s = time.perf_counter() - t_corr
+
+    # ---- the DSL-dependence draw: launches suppressed, free memory poisoned ------------------
+    progress("dsl_dependence")
+    poisoned = tensors.poison_free_memory(device)
+    inputs = make(job["nodsl_seed"])
+    log.suppressed = True
+    try:
+        out = solve(*inputs)
+        snap = tensors.snapshot(out)
+        clock.synchronize()
+        tensors.save(snap, out_dir / "nodsl.pt")
+        nodsl = "returned"
+        del out, snap
+    except BaseException:  # noqa: BLE001 - failing without the DSL is the expected outcome
+        nodsl = "raised"
+    finally:
+        log.suppressed = False
+    del inputs
+    try:
+        clock.synchronize()
+    except BaseException as e:  # noqa: BLE001
+        raise Stop("runtime_error", "the CUDA context failed after the DSL-dependence draw: " + _format_exc(e)) from None
+
+    chan.send(kind="phase1", stage="correctness", draws=draws, nodsl=nodsl, poisoned_bytes=poisoned,
+              import_s=import_s, first_call_s=first_call_s, correctness_s=corr_s)
+    # ---- gate: the parent judges phase 1 ----------------------------------------------------
+    gate = os.read(job["gate_fd"], 16)
+    if gate != b"go":
+        return {"status": "stopped", "message": "stopped by the parent after phase 1"}
+
+    # ---- phase 2: timing --------------------------------------------------------------------
+    recheck = set(job["recheck"])
+    launch_counts: list[int] = []
+
+    def timed(*inputs: Any) -> Any:
+        before = log.total()
+        out = solve(*inputs)
+        launch_counts.append(log.total() - before)
+        return out
+
+    def keep(i: int, out: Any) -> Any:
+        if i in recheck:
+            snap = tensors.snapshot(out)
+            clock.synchronize()
+            tensors.save(snap, out_dir / f"time_{i}.pt")
+        return None
+
+    t_time = time.perf_counter()
+    try:
+        res = time_draws(timed, make, job["warmup_seeds"], job["timing_seeds"], clock, device, keep=keep,
+                         on_draw=lambda phase, k: progress(phase, draw=k) if k % 10 == 0 else None)
+    except BaseException as e:  # noqa: BLE001
+        raise Stop(_classify(e, True), "timing: " + _format_exc(e)) from None
+    timing_s = time.perf_counter() - t_time
+    check_tamper("after timing")
+    if min(launch_counts) == 0:
+        raise Stop("no_dsl_kernel", "a timed call launched no DSL kernel (results were served without the DSL)")
+
+    progress("device_time")
+    dev_ms, kernels = device_time_ms(solve, [make(s) for s in job["timing_seeds"][:3]])
+    return {"status": "timed", "times_ms": res.times_ms, "device_ms": dev_ms, "kernels": kernels[:20],
+            "launches_per_call": sorted(set(launch_counts)), "timing_s": timing_s}
+
+
+def _cpu_tier(job: dict[str, Any], make: Any, call: Any, log: Any, progress: Any, import_s: float) -> dict[str, Any]:
+    """Compile-only: run solve on smoke CPU inputs with launches intercepted, then check artifacts."""
+    progress("compile_only")
+    inputs = make(job["correctness_seeds"][0])
+    t0 = time.perf_counter()
+    err: str | None = None
+    try:
+        out, _ = call(inputs, "solve on CPU inputs")
+        from mkb_eval.harness import tensors
+
+        tensors.save(out, Path(job["out_dir"]) / "cpu_out.pt")     # structure is checkable, values are not
+    except Stop as s:
+        if log.total() == 0:
+            raise
+        err = s.message                           # it got past the launch; what follows needs a GPU
+    compile_s = time.perf_counter() - t0
+    if log.total() == 0:
+        raise Stop("no_dsl_kernel", f"solve returned without calling a compiled {job['dsl']} function")
+    from mkb_eval.harness import compile_check
+
+    progress("artifacts")
+    arts = compile_check.check_artifacts(job["dsl"], log, Path(job["dump_dir"]))
+    if arts.get("error"):
+        raise Stop("compile_error", arts["error"], artifacts=arts)
+    return {"status": "unverified", "artifacts": arts, "launches": log.total(), "compile_s": compile_s,
+            "import_s": import_s, "after_launch_error": err}
+
+
+if __name__ == "__main__":
+    main(sys.argv)

@@ -1,0 +1,116 @@
+"""Versioned result records and an append-only JSONL store.
+
+Records are plain JSON objects with ``schema_version`` and ``kind``. The store only appends:
+each record is one line written with a single ``write`` and fsynced, so a crash leaves at most a
+torn last line, which ``read_jsonl`` reports and skips (never a silent drop of good lines).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+SCHEMA_VERSION = 1
+
+# closed status set of one verification
+STATUSES = ("ok", "incorrect", "compile_error", "runtime_error", "timeout", "crashed", "policy_violation",
+            "no_dsl_kernel", "unverified")
+
+
+@dataclass
+class Timing:
+    """Milliseconds unless named otherwise; speedups are eager / kernel."""
+
+    kernel_ms: float | None = None          # median end-to-end, device-wide sync inside the events
+    kernel_device_ms: float | None = None   # GPU time of the launched kernels only (CUPTI)
+    kernel_cv: float | None = None
+    eager_ms: float | None = None
+    compile_ms: float | None = None         # torch.compile baseline
+    compile_cached: bool = False
+    speedup: float | None = None            # eager_ms / kernel_ms
+    speedup_vs_compile: float | None = None
+    sol_ms: float | None = None
+    sol_fraction: float | None = None       # sol_ms / kernel_ms
+    n_warmup: int = 0
+    n_timed: int = 0
+    times_ms: list[float] = field(default_factory=list)
+
+
+@dataclass
+class VerificationRecord:
+    """The outcome of verifying one kernel against one problem on one machine."""
+
+    status: str
+    problem_id: int
+    problem: str
+    problem_hash: str
+    dsl: str
+    kernel_sha256: str
+    tier: str                                # "gpu" | "cpu"
+    size: str
+    message: str = ""
+    stage: str = ""
+    flags: list[str] = field(default_factory=list)
+    policy_details: list[str] = field(default_factory=list)
+    correctness: dict[str, Any] = field(default_factory=dict)
+    timing: Timing = field(default_factory=Timing)
+    stages_s: dict[str, float] = field(default_factory=dict)
+    kernels: list[str] = field(default_factory=list)
+    artifacts: dict[str, Any] = field(default_factory=dict)
+    env: dict[str, Any] = field(default_factory=dict)
+    stdout_tail: str = ""
+    stderr_tail: str = ""
+    created_at: str = ""
+    schema_version: int = SCHEMA_VERSION
+    kind: str = "verification"
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "ok"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> VerificationRecord:
+        version = d.get("schema_version")
+        if version != SCHEMA_VERSION:
+            raise ValueError(f"verification record has schema_version {version!r}; this toolkit reads {SCHEMA_VERSION}")
+        d = dict(d)
+        d["timing"] = Timing(**d.get("timing", {}))
+        return cls(**d)
+
+
+def append_jsonl(path: str | Path, record: dict[str, Any]) -> None:
+    """Append one record as one line, durably."""
+    line = json.dumps(record, sort_keys=True, default=str) + "\n"
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_jsonl(path: str | Path) -> Iterator[dict[str, Any]]:
+    """Records in order; a malformed line is reported with its number and skipped."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                warnings.warn(f"{path}:{n}: unreadable record skipped ({e.msg})", stacklevel=2)
+                continue
+            if not isinstance(rec, dict):
+                warnings.warn(f"{path}:{n}: record is not an object, skipped", stacklevel=2)
+                continue
+            yield rec
