@@ -70,7 +70,7 @@ _NAMES = {"reference": "calls_reference", "make_inputs": "calls_make_inputs"}
 FORBIDDEN = frozenset({
     "triton", "cpp_extension", "other_kernel_language", "cuda_driver_api", "ctypes",
     "subprocess", "network", "harness_access", "torch_compile", "torch_jit", "cuda_graph",
-    "calls_reference", "calls_make_inputs", "timing_patch", "rng_access", "missing_solve",
+    "calls_reference", "calls_make_inputs", "timing_patch", "rng_access",
 })
 
 

@@ -194,9 +194,9 @@ def verify(problem: P.Problem | str | int, dsl: str, kernel: str | Path, *, tier
         env=describe(gpu=tier == "gpu"))
     pol = check_source(source, kernel.name)
     rec.flags, rec.policy_details = list(pol.flags), list(pol.details)
-    if "syntax_error" in pol.flags:
+    if {"syntax_error", "missing_solve"} & set(pol.flags):
         rec.status, rec.stage = "compile_error", "parse"
-        rec.message = "SyntaxError: " + "; ".join(pol.details)
+        rec.message = ("SyntaxError: " if "syntax_error" in pol.flags else "") + "; ".join(pol.details)
         return rec
     if pol.violations:
         rec.status, rec.stage = "policy_violation", "static_check"

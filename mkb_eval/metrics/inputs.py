@@ -306,7 +306,7 @@ def _jsonl_items(path: Path) -> Iterable[tuple[str, Any]]:
                 continue
             where = f"{path.name}:{lineno}"
             try:
-                yield where, json.loads(line)
+                yield where, json.loads(line.strip())
             except json.JSONDecodeError as e:
                 yield where, _Torn(f"{where}: malformed JSON ({e.msg}); line skipped")
 

@@ -40,13 +40,15 @@ def _na(ax: Any, text: str = "n/a: no resolved units") -> None:
 
 def _pct_label(ratio: float) -> str:
     d = 100.0 * (ratio - 1.0)
-    return "0%" if abs(d) < 1e-9 else f"{d:+,.0f}%"
+    if abs(d) < 1e-9:
+        return "0%"
+    return f"{d:+.1f}%" if d < -99.0 else f"{d:+,.0f}%"
 
 
 def lift_by_problem(problems: Sequence[Mapping[str, Any]]) -> bytes:
     """Per problem and direction: ΔGM (log-scaled paired speedup ratio) above, lift of S below."""
     pids = sorted({r["problem_id"] for r in problems})
-    fig = Figure(figsize=(max(7.0, 0.55 * len(pids) + 2.5), 6.2))
+    fig = Figure(figsize=(max(7.0, 0.55 * len(pids) + 2.5), 6.2), layout="constrained")
     ax1, ax2 = fig.subplots(2, 1, sharex=True)
     if not pids or all(r["n_resolved"] == 0 for r in problems):
         _na(ax1)
@@ -69,7 +71,7 @@ def lift_by_problem(problems: Sequence[Mapping[str, Any]]) -> bytes:
             if v is None:
                 ax2.text(x, 0, "n/a", ha="center", va="bottom", fontsize=7, rotation=90, color="#777777")
     lo, hi = ax1.get_ylim()
-    ticks = [k for k in range(math.floor(lo), math.ceil(hi) + 1)]
+    ticks = [float(k) for k in range(math.ceil(lo), math.floor(hi) + 1)]
     if len(ticks) < 3:
         ticks = sorted({*ticks, math.log10(0.5), math.log10(2.0)})
     ax1.set_yticks(ticks)
@@ -89,7 +91,7 @@ def lift_by_problem(problems: Sequence[Mapping[str, Any]]) -> bytes:
 def standing(groups: Mapping[str, Mapping[str, Any]]) -> bytes:
     """Helped / neutral / harmed shares within each source standing, one panel per group."""
     names = list(groups)
-    fig = Figure(figsize=(4.0 * len(names), 3.2))
+    fig = Figure(figsize=(4.2 * len(names), 3.4), layout="constrained")
     axes = fig.subplots(1, len(names), squeeze=False)[0]
     for ax, name in zip(axes, names):
         table = groups[name]
@@ -113,9 +115,8 @@ def standing(groups: Mapping[str, Mapping[str, Any]]) -> bytes:
                 if w >= 0.12:
                     ax.text(left + w / 2, y, f"{100 * w:.0f}%", ha="center", va="center", color="white", fontsize=8)
                 left += w
-            ax.text(1.01, y, f"n={n}", va="center", fontsize=8)
         ax.set_yticks(range(len(order)))
-        ax.set_yticklabels([f"source {st}" for st in order])
+        ax.set_yticklabels([f"source {st}\nn = {table[st]['n']}" for st in order], fontsize=9)
         ax.set_xlim(0, 1)
         ax.set_xticks([0, 0.25, 0.5, 0.75, 1.0])
         ax.set_xticklabels(["0", "25%", "50%", "75%", "100%"])
@@ -128,14 +129,14 @@ def standing(groups: Mapping[str, Mapping[str, Any]]) -> bytes:
                 handles.append(hh)
                 labels.append(ll)
     if handles:
-        fig.legend(handles, labels, loc="lower center", ncol=3, frameon=False, bbox_to_anchor=(0.5, -0.08))
+        fig.legend(handles, labels, loc="outside lower center", ncol=3, frameon=False)
     fig.suptitle("Skill vs base outcome by source standing (source tier vs base tier)")
     return _png(fig)
 
 
 def ladders(results: Mapping[str, Any]) -> bytes:
     """R@t per arm: per direction over resolved units (source/base/skill), and over all attempts per arm."""
-    fig = Figure(figsize=(13.0, 3.6))
+    fig = Figure(figsize=(13.0, 3.8), layout="constrained")
     axes = fig.subplots(1, 3, sharey=True)
     xs = list(range(len(RATE_KEYS)))
     panels: list[tuple[str, list[tuple[str, str, Mapping[str, Any]]]]] = []

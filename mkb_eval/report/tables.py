@@ -7,6 +7,7 @@ missing arm or an empty group can never read as a zero.
 from __future__ import annotations
 
 import html
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,8 +25,8 @@ def pct(x: float | None, digits: int = 1) -> str:
 
 
 def signed(x: float | None, digits: int = 1, unit: str = "") -> str:
-    """A difference with its sign: +7.1, -3.0 pp."""
-    return NA if x is None else f"{x:+.{digits}f}{unit}"
+    """A difference with its sign: +7.1, -3.0 pp, +1,234.5%."""
+    return NA if x is None else f"{x:+,.{digits}f}{unit}"
 
 
 def num(x: float | None, digits: int = 1) -> str:
@@ -46,12 +47,20 @@ def ci(interval: Sequence[float] | None, fmt: str = "signed", scale: float = 1.0
     if interval is None:
         return NA
     lo, hi = (scale * v for v in interval)
-    f = (lambda v: f"{v:+.1f}") if fmt == "signed" else (lambda v: f"{v:.1f}")
+    f = (lambda v: f"{v:+,.1f}") if fmt == "signed" else (lambda v: f"{v:,.1f}")
     return f"[{f(lo)}, {f(hi)}]"
 
 
 def with_ci(point: str, interval: str) -> str:
     return point if interval == NA else f"{point} {interval}"
+
+
+_NUMERIC = re.compile(r"^([+-]?[\d.,]+(%| pp|x)?( \[.*\])?|\d+ / \d+( / \d+)?|n/a)$")
+
+
+def is_numeric_column(cells: Sequence[str]) -> bool:
+    """Right-align a column when every cell is a number (or n/a) and at least one is not n/a."""
+    return any(c != NA for c in cells) and all(_NUMERIC.match(c) for c in cells)
 
 
 @dataclass
@@ -63,12 +72,16 @@ class Table:
     rows: list[list[str]] = field(default_factory=list)
     note: str = ""
 
+    def numeric(self) -> list[bool]:
+        """Which columns hold numbers (right-aligned)."""
+        return [bool(self.rows) and is_numeric_column([r[i] for r in self.rows]) for i in range(len(self.headers))]
+
     def markdown(self) -> str:
         def esc(c: str) -> str:
             return c.replace("|", "\\|")
 
         lines = [f"### {self.title}", "", "| " + " | ".join(map(esc, self.headers)) + " |"]
-        lines.append("|" + "|".join("---" if i == 0 else "---:" for i in range(len(self.headers))) + "|")
+        lines.append("|" + "|".join("---:" if num else "---" for num in self.numeric()) + "|")
         lines += ["| " + " | ".join(map(esc, r)) + " |" for r in self.rows]
         if self.note:
             lines += ["", f"_{self.note}_"]
@@ -76,10 +89,15 @@ class Table:
 
     def html(self) -> str:
         e = html.escape
-        head = "".join(f"<th>{e(h)}</th>" for h in self.headers)
+        num = self.numeric()
+
+        def cls(i: int, c: str = "") -> str:
+            names = [n for n, on in (("num", num[i]), ("na", c == NA)) if on]
+            return f' class="{" ".join(names)}"' if names else ""
+
+        head = "".join(f"<th{cls(i)}>{e(h)}</th>" for i, h in enumerate(self.headers))
         body = "".join(
-            "<tr>" + "".join(f'<td class="{"na" if c == NA else ""}">{e(c)}</td>' for c in r) + "</tr>"
-            for r in self.rows
+            "<tr>" + "".join(f"<td{cls(i, c)}>{e(c)}</td>" for i, c in enumerate(r)) + "</tr>" for r in self.rows
         )
         note = f'<p class="note">{e(self.note)}</p>' if self.note else ""
         return f"<h3>{e(self.title)}</h3><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{note}"

@@ -129,16 +129,15 @@ def _verify(problem_id, dsl, kernel_source):
             "the verify mode needs mkb_eval.harness.verify.verify_source, which this installation of mkb_eval "
             f"lacks ({e}); install a version of mkb_eval with the GPU harness"
         ) from e
-    from mkb_eval.problems import find
-
     outcomes, verdicts = [], []
     for i, (pid, d, src) in enumerate(zip(problem_id, dsl, kernel_source)):
         if d not in ("cutedsl", "tirx"):
             raise ValueError(f"dsl[{i}]: expected 'cutedsl' or 'tirx', got {d!r}")
-        verdict = dict(verify_source(find(pid), d, src))
-        speedup = verdict.get("speedup")
-        if speedup is None and verdict.get("kernel_ms") and verdict.get("eager_ms"):
-            speedup = verdict["eager_ms"] / verdict["kernel_ms"]
+        verdict = dict(verify_source(int(pid), d, src))
+        timing = verdict.get("timing") or {}
+        speedup = timing.get("speedup")
+        if speedup is None and timing.get("kernel_ms") and timing.get("eager_ms"):
+            speedup = timing["eager_ms"] / timing["kernel_ms"]
         outcomes.append(_outcome(i, verdict.get("status"), speedup))
         verdicts.append(verdict)
     return outcomes, verdicts

@@ -1,0 +1,75 @@
+"""Tolerance arithmetic on hand-made tensors."""
+
+import math
+
+import torch
+
+from mkb_eval.harness.tolerance import check_structure, compare, promote, run_reference
+
+
+def t(*v, dtype=torch.float32):
+    return torch.tensor(v, dtype=dtype)
+
+
+def test_allowance_is_three_times_reference_error():
+    anchor = t(1.0, 2.0, 4.0, dtype=torch.float64)
+    ref = t(1.0, 2.0, 4.0 + 0.01)                      # reference error 0.01 (> eps*4 for fp32)
+    assert compare(t(1.0, 2.0, 4.03), ref, anchor) is None          # error 0.03 = 3 x 0.01
+    bad = compare(t(1.0, 2.0, 4.05), ref, anchor)                   # error 0.05 > 0.03
+    assert bad is not None and math.isclose(bad.allowance, 0.03, rel_tol=1e-3) and bad.max_error > 0.049
+
+
+def test_eps_floor_when_reference_is_exact():
+    anchor = t(0.5, -8.0, dtype=torch.float64)
+    ref = t(0.5, -8.0, dtype=torch.bfloat16)
+    eps = torch.finfo(torch.bfloat16).eps                # 2**-7
+    allowed = 3 * eps * 8.0
+    assert compare(t(0.5, -8.0 + allowed * 0.9, dtype=torch.bfloat16).float().to(torch.bfloat16), ref, anchor) is None
+    assert compare(t(0.5 + 0.25, -8.0, dtype=torch.bfloat16), ref, anchor) is not None
+
+
+def test_zeros_fail_and_nonfinite_fail():
+    anchor = t(1.0, -1.0, dtype=torch.float64)
+    ref = t(1.0, -1.0)
+    assert compare(torch.zeros(2), ref, anchor) is not None
+    m = compare(t(1.0, float("nan")), ref, anchor)
+    assert m is not None and "non-finite" in m.reason
+
+
+def test_matching_nonfinite_reference_values_pass():
+    anchor = t(-math.inf, 2.0, dtype=torch.float64)
+    ref = t(-math.inf, 2.0)
+    assert compare(t(-math.inf, 2.0), ref, anchor) is None
+    assert compare(t(math.inf, 2.0), ref, anchor) is not None
+
+
+def test_integers_exact():
+    ref = torch.tensor([1, 2, 3], dtype=torch.int32)
+    assert compare(ref.clone(), ref, ref) is None
+    m = compare(torch.tensor([1, 2, 4], dtype=torch.int32), ref, ref)
+    assert m is not None and "1 of 3 elements differ" in m.reason
+
+
+def test_structure_checks():
+    a = torch.zeros(2, 3)
+    assert check_structure((a, a), (a, a)) is None
+    assert "expected a tuple" in str(check_structure([a, a], (a, a)))
+    assert "length" in str(check_structure((a,), (a, a)))
+    assert "shape" in str(check_structure(torch.zeros(3, 2), a))
+    assert "dtype" in str(check_structure(a.double(), a))
+    assert "expected a tensor" in str(check_structure(1.0, a))
+    assert check_structure((a, [a, a]), (a, [a, a.clone()])) is None
+    assert "output[1][0]" in str(check_structure((a, [a.int(), a]), (a, [a, a])))
+
+
+def test_reference_runs_on_a_private_copy():
+    x = torch.ones(3)
+
+    def mutating(v):
+        v.add_(1)
+        return v
+
+    run_reference(mutating, [x])
+    assert torch.equal(x, torch.ones(3))
+    anchored = run_reference(mutating, [x], anchored=True)
+    assert anchored.dtype == torch.float64 and promote([x, 2])[1] == 2

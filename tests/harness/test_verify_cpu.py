@@ -1,0 +1,60 @@
+"""Every status reachable on the CPU tier, each in its own worker, with the next evaluation unaffected."""
+
+import importlib.util
+
+import pytest
+
+from mkb_eval.harness.verify import Limits, verify
+
+from .conftest import KERNELS, compose
+
+spec = importlib.util.spec_from_file_location("bodies", KERNELS / "bodies.py")
+bodies = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bodies)
+LIMITS = Limits(correctness_s=60, timing_s=60, cpu_s=60)
+
+
+@pytest.mark.parametrize("case", sorted(bodies.CPU_CASES))
+def test_status_then_healthy(case, p28, tmp_path):
+    body, expected = bodies.CPU_CASES[case]
+    limits = Limits(cpu_s=8) if case == "hangs" else LIMITS
+    rec = verify(p28, "cutedsl", compose(body, tmp_path, case), tier="cpu", limits=limits)
+    assert rec.status == expected, (rec.status, rec.message[-2000:])
+    assert rec.tier == "cpu" and rec.kernel_sha256 and rec.problem_hash == p28.hash
+    if case == "prints_10mb":
+        assert len(rec.stdout_tail) < 5000 and "bytes cut" in rec.stdout_tail
+    if case == "hangs":
+        assert "hung during" in rec.message
+    if case == "aborts":
+        assert "SIGABRT" in rec.message
+    if case == "dsl_type_error":
+        assert "undefined_name_in_dsl" in rec.message
+    # a fresh process per evaluation: the next one is untouched by whatever this one did
+    good = verify(p28, "cutedsl", compose(bodies.CPU_CASES["good"][0], tmp_path, "good_after"), tier="cpu",
+                  limits=LIMITS)
+    assert good.status == "unverified", good.message
+
+
+def test_syntax_error_is_compile_error(p28, tmp_path):
+    path = tmp_path / "k.py"
+    path.write_text("def solve(h, r, w)\n    return h\n")
+    rec = verify(p28, "cutedsl", path, tier="cpu")
+    assert rec.status == "compile_error" and "expected ':'" in rec.message
+
+
+def test_policy_violation_is_not_executed(p28, tmp_path):
+    marker = tmp_path / "ran"
+    path = tmp_path / "k.py"
+    path.write_text(f"import triton\nopen({str(marker)!r}, 'w').write('x')\n\ndef solve(h, r, w):\n    return h\n")
+    rec = verify(p28, "cutedsl", path, tier="cpu")
+    assert rec.status == "policy_violation" and "triton" in rec.message
+    assert not marker.exists()
+
+
+def test_known_bad_kernels_compile_on_cpu(p28):
+    """The wrong/ kernels are rejected on the GPU; on the CPU they must at least compile (or be caught)."""
+    expected_cpu = {"torch_only.py": "no_dsl_kernel", "patch_timer.py": "policy_violation",
+                    "side_stream.py": "runtime_error"}   # torch.cuda.Stream needs CUDA
+    for path in p28.wrong_solutions():
+        rec = verify(p28, "cutedsl", path, tier="cpu", limits=LIMITS)
+        assert rec.status == expected_cpu.get(path.name, "unverified"), (path.name, rec.status, rec.message[-500:])
