@@ -56,9 +56,9 @@ class Judge:
         fn = self.module.reference
         setup = 0.0
         if compiled:
-            import torch._dynamo
+            import torch._dynamo as dynamo
 
-            torch._dynamo.reset()
+            dynamo.reset()
             t0 = time.perf_counter()
             fn = torch.compile(self.module.reference)
             with reference_numerics():

@@ -233,7 +233,26 @@ def _job(prob: P.Problem, dsl: str, root: Path, tier: str, size: str, device: st
             "correctness_seeds": [_seed() for _ in range(CORRECTNESS_DRAWS)], "reuse_draws": list(REUSE_DRAWS),
             "nodsl_seed": _seed(), "warmup_seeds": [_seed() for _ in range(WARMUP_DRAWS)],
             "timing_seeds": [_seed() for _ in range(TIMING_DRAWS)],
-            "recheck": sorted(secrets.SystemRandom().sample(range(TIMING_DRAWS), RECHECKS))}
+            "recheck": sorted(secrets.SystemRandom().sample(range(TIMING_DRAWS), RECHECKS)), "cpu": _worker_cpu()}
+
+
+def _worker_cpu() -> int | None:
+    """The last core this process may use: the worker's host path gets a core of its own."""
+    try:
+        cores = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return None
+    return cores[-1] if len(cores) > 2 else None
+
+
+def _stage_times(w: _Worker) -> dict[str, float]:
+    """Seconds spent in each worker stage, from the timestamps of its progress messages."""
+    prog = [m for m in w.messages() if m.get("kind") == "progress" and "t" in m]
+    out: dict[str, float] = {}
+    for a, b in zip(prog, prog[1:]):
+        key = "w_" + a["stage"]
+        out[key] = round(out.get(key, 0.0) + b["t"] - a["t"], 3)
+    return out
 
 
 def _fail_from_worker(rec: VerificationRecord, w: _Worker, how: str, timeout: float) -> None:
@@ -290,6 +309,7 @@ def _run_cpu(rec: VerificationRecord, prob: P.Problem, dsl: str, root: Path, lim
     finally:
         w.kill()
         rec.stdout_tail, rec.stderr_tail = _tail(w.stdout), _tail(w.stderr)
+        rec.stages_s.update(_stage_times(w))
 
 
 def _run_gpu(rec: VerificationRecord, prob: P.Problem, dsl: str, root: Path, size: str, device: str,
@@ -341,6 +361,7 @@ def _run_gpu(rec: VerificationRecord, prob: P.Problem, dsl: str, root: Path, siz
     finally:
         w.kill()
         rec.stdout_tail, rec.stderr_tail = _tail(w.stdout), _tail(w.stderr)
+        rec.stages_s.update(_stage_times(w))
 
     t0 = time.perf_counter()
     for i in job["recheck"]:

@@ -70,6 +70,11 @@ def main(argv: list[str]) -> int:
         stage = s
         chan.send(kind="progress", stage=s, t=time.time(), **kw)
 
+    if job.get("cpu") is not None and hasattr(os, "sched_setaffinity"):
+        try:  # one core for the host call path: steadier end-to-end timings
+            os.sched_setaffinity(0, {job["cpu"]})
+        except OSError:
+            pass
     try:
         progress("setup")
         result = run(job, chan, progress)
@@ -226,6 +231,7 @@ def run(job: dict[str, Any], chan: Channel, progress: Any) -> dict[str, Any]:
 
     progress("device_time")
     dev_ms, kernels = device_time_ms(solve, [make(s) for s in job["timing_seeds"][:3]])
+    progress("report")
     return {"status": "timed", "times_ms": res.times_ms, "device_ms": dev_ms, "kernels": kernels[:20],
             "launches_per_call": sorted(set(launch_counts)), "timing_s": timing_s}
 

@@ -151,14 +151,15 @@ class LoadResult:
     models: tuple[str, ...] = field(default=())
 
 
-def _number(d: Mapping[str, Any], key: str, where: str, *, positive: bool = True) -> float | None:
+def _number(d: Mapping[str, Any], key: str, where: str) -> float | None:
+    """A positive finite number or None; anything else names the field."""
     v = d.get(key)
     if v is None:
         return None
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise InputError(f"{where}: {key} must be a number or null, got {v!r}")
     v = float(v)
-    if not math.isfinite(v) or (positive and v <= 0):
+    if not math.isfinite(v) or v <= 0:
         raise InputError(f"{where}: {key} must be a positive finite number, got {v!r}")
     return v
 
@@ -224,15 +225,15 @@ def outcome_from_dict(d: Mapping[str, Any], where: str = "record") -> AttemptOut
     dsl = d.get("dsl")
     if dsl is not None and dsl != ARM_DSL[arm]:
         raise InputError(f"{where}: dsl {dsl!r} contradicts arm {arm!r} (which runs in {ARM_DSL[arm]})")
-    skipped = d.get("skipped")
-    skipped = status == "skipped" if skipped is None else skipped
-    if not isinstance(skipped, bool):
-        raise InputError(f"{where}: skipped must be true or false, got {skipped!r}")
+    flag = d.get("skipped", False)
+    if flag is not None and not isinstance(flag, bool):
+        raise InputError(f"{where}: skipped must be true or false, got {flag!r}")
+    skipped = bool(flag) or status == "skipped"
     if skipped and arm not in SKILL_ARMS:
         raise InputError(f"{where}: only a skill arm can be skipped, not {arm!r}")
     kernel_ms = _number(d, "kernel_ms", where)
     eager_ms = _number(d, "eager_ms", where)
-    speedup = _number(d, "speedup", where)
+    speedup = _number(d, "speedup", where) if status == "ok" else None  # a failure's speedup means nothing
     if status == "ok" and speedup is None:
         if kernel_ms is None or eager_ms is None:
             raise InputError(f"{where}: status 'ok' needs speedup, or eager_ms and kernel_ms")
@@ -246,7 +247,7 @@ def outcome_from_dict(d: Mapping[str, Any], where: str = "record") -> AttemptOut
         arm=arm,
         status=status,
         replicate=replicate,
-        speedup=speedup if status == "ok" else None,
+        speedup=speedup,
         kernel_ms=kernel_ms,
         eager_ms=eager_ms,
         skipped=skipped,

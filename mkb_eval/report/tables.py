@@ -46,9 +46,9 @@ def ci(interval: Sequence[float] | None, fmt: str = "signed", scale: float = 1.0
     """A bootstrap interval as "[lo, hi]" in the same units as its point estimate."""
     if interval is None:
         return NA
-    lo, hi = (scale * v for v in interval)
-    f = (lambda v: f"{v:+,.1f}") if fmt == "signed" else (lambda v: f"{v:,.1f}")
-    return f"[{f(lo)}, {f(hi)}]"
+    spec = "+,.1f" if fmt == "signed" else ",.1f"
+    lo, hi = (format(scale * v, spec) for v in interval)
+    return f"[{lo}, {hi}]"
 
 
 def with_ci(point: str, interval: str) -> str:

@@ -65,11 +65,14 @@ def test_illegal_memory_access_is_isolated(tmp_path):
 def test_timing_is_stable_across_evaluations():
     p28 = P.find(28)
     dsl = "tirx" if p28.solution_path("tirx").exists() else "cutedsl"
-    medians = []
+    e2e, dev = [], []
     for k in range(5):
         rec = keep(verify(p28, dsl, p28.solution_path(dsl), compile_baseline=False), test="cv", run=k)
         assert rec.status == "ok", rec.message
-        medians.append(rec.timing.kernel_ms)
-    cv = statistics.pstdev(medians) / statistics.mean(medians)
-    print(f"\nproblem 28 {dsl}: medians {medians} ms, CV {cv:.4f}")
-    assert cv < 0.05
+        e2e.append(rec.timing.kernel_ms)
+        dev.append(rec.timing.kernel_device_ms)
+    cv_e2e = statistics.pstdev(e2e) / statistics.mean(e2e)
+    cv_dev = statistics.pstdev(dev) / statistics.mean(dev)
+    print(f"\nproblem 28 {dsl}: end-to-end medians {e2e} ms (CV {cv_e2e:.4f}); device {dev} ms (CV {cv_dev:.4f})")
+    assert cv_dev < 0.02      # kernel time: the quality measure
+    assert cv_e2e < 0.15      # host call path included: process-to-process jitter

@@ -12,7 +12,7 @@ from mkb_hand_records import hand_records
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-os.environ.setdefault("HF_EVALUATE_OFFLINE", "1")
+os.environ["HF_EVALUATE_OFFLINE"] = "1"  # tests never reach the Hub
 
 
 @pytest.fixture

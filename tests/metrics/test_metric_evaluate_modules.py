@@ -169,9 +169,26 @@ def test_cards_follow_the_hf_format(name: str) -> None:
     assert card.startswith("---\n") and "\ntags:\n" in card and "- evaluate\n" in card
     for section in ("## How to Use", "### Inputs", "### Output Values", "## Limitations and Bias", "## Citation"):
         assert section in card, section
-    for term in ("R@t", "ΔGM", "0.01", "5%", "tier", "helped", "harmed", "neutral", "skipped", "bootstrap",
-                 "sign test", "n/a"):
+    terms = ["R@t", "S", "skipped", "n/a", "speedup = eager_ms / kernel_ms"]
+    if name == "mkb_transfer":
+        terms += ["ΔGM", "FLOOR = 0.01", "5%", "tier", "helped", "harmed", "neutral", "above / same / below",
+                  "bootstrap", "sign test", "resolved"]
+    else:
+        terms += ["fast_p", "MKB_ALLOW_KERNEL_EXEC=1", "strictly greater"]
+    for term in terms:
         assert term in card, term
+
+
+def test_card_examples_run(hf_offline_cache: Path) -> None:
+    globs = {"attempts": load("mkb_attempts"), "transfer": load("mkb_transfer")}
+    for name in ("mkb_attempts", "mkb_transfer"):
+        # a closing fence right after an example would read as expected output: end examples at fences
+        card = (MODULES / name / "README.md").read_text(encoding="utf-8").replace("\n```", "\n\n```")
+        test = doctest.DocTestParser().get_doctest(card, dict(globs), name, f"{name}/README.md", 0)
+        runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+        runner.run(test)
+        result = runner.summarize(verbose=False)
+        assert result.attempted >= 3 and result.failed == 0, name
 
 
 def test_module_files_have_one_import_per_line() -> None:
@@ -179,3 +196,13 @@ def test_module_files_have_one_import_per_line() -> None:
         for line in (MODULES / name / f"{name}.py").read_text().splitlines():
             if line.startswith("import "):
                 assert "," not in line, line
+
+
+def test_classes_import_directly(hf_offline_cache: Path) -> None:
+    """The robust route for an installed package: no dynamic loading at all."""
+    from mkb_eval.metrics.evaluate_modules.mkb_attempts.mkb_attempts import MkbAttempts
+    from mkb_eval.metrics.evaluate_modules.mkb_transfer.mkb_transfer import MkbTransfer
+
+    r = MkbAttempts(keep_in_memory=True).compute(status=["ok", "incorrect"], speedup=[1.5, None])
+    assert (r["pass_rate"], r["R@1"], r["fast_1"]) == (0.5, 0.5, 0.5)
+    assert "predictions1" in MkbTransfer(keep_in_memory=True).features

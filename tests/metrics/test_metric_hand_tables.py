@@ -185,3 +185,18 @@ def test_bootstrap_intervals_bracket_point_estimates(results: dict) -> None:
         assert lo <= hi
         assert lo - 1e-9 <= point <= hi + 1e-9, key
     assert results["params"]["n_resamples"] == 200
+
+
+def test_two_models_pool_and_split() -> None:
+    # the same records under a second model name: same trials, but no superseding across models
+    recs = hand_records() + [r | {"model": "m2"} for r in hand_records()]
+    res = score(recs, n_resamples=50)
+    assert res["models"] == ["m", "m2"] and res["n_superseded"] == 2
+    assert res["overall"]["n_resolved"] == 18 and res["overall"]["n_problems"] == 5
+    one = score(hand_records(), n_resamples=50)["overall"]
+    for model in ("m", "m2"):
+        g = res["by_model"][model]
+        assert (g["lift"], g["paired"]) == (one["lift"], one["paired"])
+    assert res["overall"]["paired"]["help_rate"] == pytest.approx(1 / 3)
+    assert res["overall"]["paired"]["delta_gm"] == pytest.approx(one["paired"]["delta_gm"])
+    assert res["overall"]["paired"]["sign_test_p"] == pytest.approx(2 * (1 + 10 + 45 + 120 + 210) / 1024)  # 6 vs 4

@@ -50,7 +50,8 @@ def test_invalid_record_is_skipped_with_its_line(tmp_path: Path) -> None:
 def test_newer_schema_is_refused_naming_file_line_version(tmp_path: Path) -> None:
     newer = rec(1, "solo_tirx", "ok", 1.0, schema_version=2)
     run = write_jsonl(tmp_path / "run", [json.dumps(rec(1, "solo_cutedsl", "ok", 2.0)), json.dumps(newer)])
-    with pytest.raises(SchemaVersionError, match=r"attempts.jsonl:2: attempt record has schema_version 2.*reads only up to 1"):
+    expected = r"attempts.jsonl:2: attempt record has schema_version 2.*reads only up to 1"
+    with pytest.raises(SchemaVersionError, match=expected):
         read_attempts(run)
 
 
@@ -60,7 +61,8 @@ def test_older_schema_is_read_with_defaults() -> None:
     assert (o.problem_id, o.replicate, o.arm, o.dsl) == (28, 2, "tirx2cutedsl_skill", "cutedsl")
     assert o.speedup == 2.0 and o.family == "mlp_norm" and o.model == "unknown" and o.schema_version == 0
     assert not o.skipped and o.error is None
-    skipped = outcome_from_dict({"schema_version": 0, "problem_id": 5, "arm": "cutedsl2tirx_skill", "status": "skipped"})
+    skipped = outcome_from_dict({"schema_version": 0, "problem_id": 5, "arm": "cutedsl2tirx_skill",
+                                 "status": "skipped"})
     assert skipped.skipped and not skipped.passed and skipped.replicate == 1
 
 
@@ -107,3 +109,9 @@ def test_list_input_and_run_dir_agree(tmp_path: Path) -> None:
 def test_missing_attempts_file(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="no attempts file"):
         read_attempts(tmp_path)
+
+
+def test_skipped_status_wins_over_a_false_flag() -> None:
+    assert outcome_from_dict(rec(28, "tirx2cutedsl_skill", "skipped") | {"skipped": False}).skipped
+    with pytest.raises(InputError, match="only a skill arm"):
+        outcome_from_dict(rec(28, "solo_tirx", "skipped") | {"skipped": False})

@@ -1,17 +1,16 @@
 """MetaKernelBench attempt-level scores as an HF `evaluate` Metric (a thin wrapper).
 
-The arithmetic lives in ``mkb_eval.metrics``; this module only declares the inputs. One import per
-line: `evaluate` parses this file's imports with a regex when it loads it.
+The arithmetic lives in ``mkb_eval.metrics``; this module only declares the inputs. No ``import a, b``
+lines: `evaluate` parses this file's imports with a regex when it loads it.
 """
 
 import os
+from typing import Any
 
 import datasets
 import evaluate
 
-from mkb_eval.metrics.inputs import STATUSES
-from mkb_eval.metrics.inputs import AttemptOutcome
-from mkb_eval.metrics.inputs import InputError
+from mkb_eval.metrics.inputs import STATUSES, AttemptOutcome, InputError
 from mkb_eval.metrics.ladder import score_attempts
 
 _CITATION = """\
@@ -102,7 +101,7 @@ _VERIFY_FEATURES = datasets.Features(
 )
 
 
-def _outcome(i, status, speedup):
+def _outcome(i: int, status: Any, speedup: float | None) -> AttemptOutcome:
     """One AttemptOutcome from the inputs; the arm is irrelevant at attempt level."""
     if status not in STATUSES:
         raise ValueError(f"status[{i}]: unknown status {status!r}; expected one of {', '.join(STATUSES)}")
@@ -118,7 +117,9 @@ def _outcome(i, status, speedup):
         raise ValueError(f"attempt {i}: {e}") from None
 
 
-def _verify(problem_id, dsl, kernel_source):
+def _verify(
+    problem_id: list[int], dsl: list[str], kernel_source: list[str]
+) -> tuple[list[AttemptOutcome], list[dict[str, Any]]]:
     """Run the verifier on each kernel (GPU); returns (outcomes, verdicts)."""
     if os.environ.get("MKB_ALLOW_KERNEL_EXEC") != "1":
         raise ValueError(_WARNING)
@@ -129,7 +130,8 @@ def _verify(problem_id, dsl, kernel_source):
             "the verify mode needs mkb_eval.harness.verify.verify_source, which this installation of mkb_eval "
             f"lacks ({e}); install a version of mkb_eval with the GPU harness"
         ) from e
-    outcomes, verdicts = [], []
+    outcomes: list[AttemptOutcome] = []
+    verdicts: list[dict[str, Any]] = []
     for i, (pid, d, src) in enumerate(zip(problem_id, dsl, kernel_source)):
         if d not in ("cutedsl", "tirx"):
             raise ValueError(f"dsl[{i}]: expected 'cutedsl' or 'tirx', got {d!r}")
@@ -144,10 +146,10 @@ def _verify(problem_id, dsl, kernel_source):
 
 
 @evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
-class MkbAttempts(evaluate.Metric):
+class MkbAttempts(evaluate.Metric):  # type: ignore[misc]
     """Pass rate, R@t ladder, S, fast_p and geomean speedup of kernel attempts."""
 
-    def _info(self):
+    def _info(self) -> evaluate.MetricInfo:
         if self.config_name not in ("default", "verify"):
             raise KeyError(f"unknown config {self.config_name!r}; use the default config or 'verify'")
         return evaluate.MetricInfo(
@@ -159,8 +161,17 @@ class MkbAttempts(evaluate.Metric):
             reference_urls=["https://arxiv.org/abs/2502.10517"],
         )
 
-    def _compute(self, status=None, speedup=None, problem_id=None, dsl=None, kernel_source=None):
+    def _compute(
+        self,
+        status: list[str] | None = None,
+        speedup: list[float | None] | None = None,
+        problem_id: list[int] | None = None,
+        dsl: list[str] | None = None,
+        kernel_source: list[str] | None = None,
+    ) -> dict[str, Any]:
         if self.config_name == "verify":
+            assert problem_id is not None and dsl is not None and kernel_source is not None
             outcomes, verdicts = _verify(problem_id, dsl, kernel_source)
             return {**score_attempts(outcomes), "verdicts": verdicts}
-        return score_attempts([_outcome(i, s, x) for i, (s, x) in enumerate(zip(status, speedup))])
+        assert status is not None and speedup is not None
+        return dict(score_attempts([_outcome(i, s, x) for i, (s, x) in enumerate(zip(status, speedup))]))

@@ -1,22 +1,18 @@
 """MetaKernelBench skill transfer (base vs skill, with source standing) as an HF `evaluate` Comparison.
 
-A thin wrapper over ``mkb_eval.metrics``; one import per line (evaluate parses them with a regex).
+A thin wrapper over ``mkb_eval.metrics``. No ``import a, b`` lines: evaluate parses imports with a regex.
 """
+
+from typing import Any
 
 import datasets
 import evaluate
 
-from mkb_eval.metrics.inputs import DIRECTIONS
-from mkb_eval.metrics.inputs import InputError
-from mkb_eval.metrics.inputs import outcome_from_dict
-from mkb_eval.metrics.paired import FLOOR
-from mkb_eval.metrics.paired import NOISE_MARGIN
-from mkb_eval.metrics.stats import CONFIDENCE
-from mkb_eval.metrics.stats import N_RESAMPLES
-from mkb_eval.metrics.stats import SEED
+from mkb_eval.metrics.inputs import DIRECTIONS, InputError, outcome_from_dict
+from mkb_eval.metrics.paired import FLOOR, NOISE_MARGIN
+from mkb_eval.metrics.stats import CONFIDENCE, N_RESAMPLES, SEED
 from mkb_eval.metrics.summary import score_units
-from mkb_eval.metrics.units import Unit
-from mkb_eval.metrics.units import direction_arms
+from mkb_eval.metrics.units import Unit, direction_arms
 
 _CITATION = """\
 @article{metakernelbench2026,
@@ -89,29 +85,38 @@ _OUTCOME = {
 }
 
 
-def _units(predictions1, predictions2, source, problem_id, direction, family):
+def _units(
+    predictions1: list[dict[str, Any]],
+    predictions2: list[dict[str, Any]],
+    source: list[dict[str, Any]],
+    problem_id: list[int],
+    direction: list[str],
+    family: list[str],
+) -> list[Unit]:
     """Units from the row-wise inputs, with errors that name the row."""
-    units = []
+    units: list[Unit] = []
     rows = zip(predictions1, predictions2, source, problem_id, direction, family)
     for i, (base, skill, src, pid, d, fam) in enumerate(rows):
         if d not in DIRECTIONS:
             raise ValueError(f"direction[{i}]: expected one of {', '.join(DIRECTIONS)}, got {d!r}")
         arms = direction_arms(d)
         made = []
-        for name, rec, arm in (("source", src, arms[0]), ("predictions1", base, arms[1]), ("predictions2", skill, arms[2])):
+        roles = (("source", src, arms[0]), ("predictions1", base, arms[1]), ("predictions2", skill, arms[2]))
+        for name, rec, arm in roles:
             try:
                 made.append(outcome_from_dict({**rec, "problem_id": pid, "arm": arm, "family": fam}, f"{name}[{i}]"))
             except InputError as e:
                 raise ValueError(str(e)) from None
-        units.append(Unit(problem_id=pid, direction=d, replicate=1, family=fam, source=made[0], base=made[1], skill=made[2]))
+        source_o, base_o, skill_o = made
+        units.append(Unit(problem_id=pid, direction=d, family=fam, source=source_o, base=base_o, skill=skill_o))
     return units
 
 
 @evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
-class MkbTransfer(evaluate.Comparison):
+class MkbTransfer(evaluate.Comparison):  # type: ignore[misc]
     """Skill vs base: lift, help/harm rates, ΔGM, relative standing, sign test, bootstrap intervals."""
 
-    def _info(self):
+    def _info(self) -> evaluate.ComparisonInfo:
         return evaluate.ComparisonInfo(
             description=_DESCRIPTION,
             citation=_CITATION,
@@ -131,18 +136,18 @@ class MkbTransfer(evaluate.Comparison):
 
     def _compute(
         self,
-        predictions1,
-        predictions2,
-        source,
-        problem_id,
-        direction,
-        family,
-        margin=NOISE_MARGIN,
-        floor=FLOOR,
-        n_resamples=N_RESAMPLES,
-        seed=SEED,
-        confidence=CONFIDENCE,
-    ):
+        predictions1: list[dict[str, Any]],
+        predictions2: list[dict[str, Any]],
+        source: list[dict[str, Any]],
+        problem_id: list[int],
+        direction: list[str],
+        family: list[str],
+        margin: float = NOISE_MARGIN,
+        floor: float = FLOOR,
+        n_resamples: int = N_RESAMPLES,
+        seed: int = SEED,
+        confidence: float = CONFIDENCE,
+    ) -> dict[str, Any]:
         units = _units(predictions1, predictions2, source, problem_id, direction, family)
         res = score_units(
             units, margin=margin, floor=floor, n_resamples=n_resamples, seed=seed, confidence=confidence

@@ -1,0 +1,1 @@
+"""The mkb_transfer Comparison (script: mkb_transfer.py, card: README.md)."""
