@@ -1,0 +1,141 @@
+"""Full-size report of every problem's reference on the GPU: peak memory, eager and torch.compile
+times, SOL ratio, and problems whose eager time is under 20 us (launch overhead would dominate).
+
+    python scripts/problem_report.py --out docs/problem_report [--jobs 12] [--problems 1,28]
+
+torch.compile is warmed in parallel processes (CPU-bound) while a file lock lets only one process
+time on the GPU at a time, so timings are not disturbed by each other.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import json
+import multiprocessing as mp
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+WARMUP, TIMED = 3, 10
+SMALL_US = 20.0
+
+
+@contextlib.contextmanager
+def gpu_lock(path: str):
+    with open(path, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def measure(args: tuple[str, str, str, str]) -> dict:
+    folder, lock, device, size = args
+    import torch
+
+    from mkb_eval import problems as P
+    from mkb_eval.harness.judge import Judge
+    from mkb_eval.harness.tolerance import run_reference
+
+    prob = P.load_problem(folder)
+    row = {"id": prob.id, "name": prob.name, "family": prob.family, "sol_ms": prob.sol.sol_ms, "bound": prob.sol.bound}
+    try:
+        judge = Judge(prob, size, device)
+        seeds = list(range(1, WARMUP + TIMED + 2))
+        gpu = device.startswith("cuda")
+        with gpu_lock(lock):
+            if gpu:
+                torch.cuda.synchronize()
+                base = torch.cuda.memory_allocated()
+                torch.cuda.reset_peak_memory_stats()
+            inputs = judge.inputs(seeds[-1])
+            run_reference(judge.module.reference, inputs)
+            if gpu:
+                torch.cuda.synchronize()
+                row["peak_gib"] = (torch.cuda.max_memory_allocated() - base) / 2**30
+            del inputs
+            if not gpu:
+                raise RuntimeError("timing needs a GPU (the reference ran; memory and times not measured)")
+            eager, _ = judge.time_reference(seeds[:WARMUP], seeds[WARMUP:WARMUP + TIMED])
+            row["eager_ms"] = eager.median_ms
+        t0 = time.perf_counter()
+        import torch._dynamo as dynamo
+
+        dynamo.reset()
+        compiled = torch.compile(judge.module.reference)
+        with torch.no_grad():
+            compiled(*judge.inputs(seeds[0]))          # compile outside the lock (CPU-bound)
+        torch.cuda.synchronize()
+        row["compile_s"] = time.perf_counter() - t0
+        with gpu_lock(lock):
+            from mkb_eval.harness.timing import Clock, time_draws
+            from mkb_eval.harness.tolerance import reference_numerics
+
+            with reference_numerics(), torch.no_grad():
+                res = time_draws(compiled, judge.inputs, seeds[:WARMUP], seeds[WARMUP:WARMUP + TIMED], Clock(),
+                                 torch.device("cuda"))
+            row["compile_ms"] = res.median_ms
+    except Exception as e:  # noqa: BLE001 - a failing reference is a finding, reported in the table
+        row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        row["trace"] = traceback.format_exc()[-1500:]
+    if row.get("eager_ms"):
+        row["sol_over_eager"] = prob.sol.sol_ms / row["eager_ms"]
+        row["small"] = row["eager_ms"] * 1e3 < SMALL_US
+    print(json.dumps({k: v for k, v in row.items() if k != "trace"}), flush=True)
+    return row
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="docs/problem_report")
+    ap.add_argument("--jobs", type=int, default=6)
+    ap.add_argument("--problems", default="")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--size", default="full")
+    args = ap.parse_args()
+    from mkb_eval import problems as P
+
+    folders = P.discover()
+    if args.problems:
+        want = {int(x) for x in args.problems.split(",")}
+        folders = [f for f in folders if int(f.name[:2]) in want]
+    lock = os.path.join(os.environ.get("TMPDIR", "/tmp"), "mkb_gpu_timing.lock")
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(args.jobs, maxtasksperchild=1) as pool:
+        rows = pool.map(measure, [(str(f), lock, args.device, args.size) for f in folders], chunksize=1)
+    rows.sort(key=lambda r: r["id"])
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(rows, indent=1))
+    import torch
+
+    gpu_name = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+    lines = [f"# Problem report ({args.size} size, {gpu_name}, torch {torch.__version__})", "",
+             f"Eager and torch.compile: median of {TIMED} timed draws after {WARMUP} warm-up, L2 flushed, "
+             "device-wide sync inside the event pair. SOL ratio = SOL time / eager time.", "",
+             "| id | problem | peak GiB | eager ms | compile ms | SOL ms | bound | SOL/eager | note |",
+             "|---:|---|---:|---:|---:|---:|---|---:|---|"]
+
+    def f(x, spec=".4f"):
+        return "-" if x is None else format(x, spec)
+
+    for r in rows:
+        note = r.get("error", "") or ("eager < 20 us" if r.get("small") else "")
+        lines.append(f"| {r['id']:02d} | {r['name']} | {f(r.get('peak_gib'), '.2f')} | {f(r.get('eager_ms'))} | "
+                     f"{f(r.get('compile_ms'))} | {f(r['sol_ms'])} | {r['bound']} | {f(r.get('sol_over_eager'), '.3f')} | {note} |")
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    bad = [r for r in rows if r.get("error") or r.get("small") or (r.get("peak_gib") or 0) > 20]
+    print(f"{len(rows)} problems, {len(bad)} needing attention: {[r['id'] for r in bad]}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

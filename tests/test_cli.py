@@ -1,0 +1,31 @@
+import json
+
+from mkb_eval.cli import main
+
+
+def test_problems_list_and_show(capsys):
+    assert main(["problems", "list", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert any(r["id"] == 28 for r in rows)
+    assert main(["problems", "show", "28"]) == 0
+    out = capsys.readouterr().out
+    assert "fused_add_rmsnorm" in out and "SOL" in out
+
+
+def test_unknown_problem_is_a_clear_error(capsys):
+    assert main(["problems", "show", "99"]) == 2
+    assert "no problem '99'" in capsys.readouterr().err
+
+
+def test_verify_cpu_tier_json(capsys, tmp_path):
+    out = tmp_path / "r.jsonl"
+    rc = main(["verify", "--problem", "36", "--dsl", "tirx", "--tier", "cpu", "--json", "--out", str(out)])
+    rec = json.loads(capsys.readouterr().out)
+    assert rc == 0 and rec["status"] == "unverified" and rec["schema_version"] == 1
+    assert rec["problem_hash"] and rec["kernel_sha256"] and rec["env"]["tvm"]
+    assert json.loads(out.read_text().splitlines()[0])["status"] == "unverified"
+
+
+def test_verify_missing_kernel(capsys, tmp_path):
+    assert main(["verify", "--problem", "28", "--dsl", "tirx", "--kernel", str(tmp_path / "nope.py")]) == 2
+    assert "no kernel file" in capsys.readouterr().err
