@@ -78,16 +78,57 @@ def print_record(rec: Any) -> None:
             f"cutlass-dsl {env.get('cutlass_dsl')} · tvm {env.get('tvm')}", markup=False)
 
 
+def _sweep(args: argparse.Namespace, limits: Any) -> int:
+    from mkb_eval import sweep
+
+    probs = P.load_all(args.root)
+    if args.problems:
+        want = {int(x) for x in args.problems.split(",")}
+        probs = [p for p in probs if p.id in want]
+    dsls = [args.dsl] if args.dsl else list(P.DSLS)
+    jobs = sweep.folder_jobs(Path(args.kernels), probs) if args.kernels else sweep.shipped_jobs(probs, dsls)
+    jobs = [j for j in jobs if j.dsl in dsls]
+    out = Path(args.out or "runs/verify.jsonl")
+    sweep.run_sweep(jobs, out, tier=args.tier, verify_kwargs={
+        "size": args.size, "limits": limits, "compile_baseline": not args.no_compile_baseline})
+    from mkb_eval.records import read_jsonl
+
+    recs = [r for r in sweep.latest(read_jsonl(out)) if (r["problem_id"], r["dsl"]) in
+            {(j.problem.id, j.dsl) for j in jobs}]
+    print(sweep.markdown_table(recs))
+    return 0 if all(r["status"] in ("ok", "unverified") for r in recs) else 1
+
+
+def _results(args: argparse.Namespace) -> int:
+    from mkb_eval import sweep
+    from mkb_eval.records import read_jsonl
+
+    recs = [r for r in sweep.latest(read_jsonl(args.records)) if args.tier in ("all", r["tier"])]
+    table = sweep.markdown_table(recs)
+    if args.md:
+        Path(args.md).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.md).write_text(table)
+    print(table)
+    if args.json:
+        print(json.dumps(sweep.summary(recs), indent=2))
+    return 0
+
+
 def _verify(args: argparse.Namespace) -> int:
     from mkb_eval.harness.verify import Limits, verify
     from mkb_eval.records import append_jsonl
 
+    limits = Limits(correctness_s=args.timeout, timing_s=args.timeout, cpu_s=args.timeout)
+    if args.all or args.kernels:
+        return _sweep(args, limits)
+    if not args.problem or not args.dsl:
+        print("mkb verify: give --problem and --dsl, or --all", file=sys.stderr)
+        return 2
     prob = P.find(args.problem, args.root)
     kernel = Path(args.kernel) if args.kernel else prob.solution_path(args.dsl)
     if not kernel.is_file():
         print(f"mkb verify: no kernel file at {kernel}", file=sys.stderr)
         return 2
-    limits = Limits(correctness_s=args.timeout, timing_s=args.timeout, cpu_s=args.timeout)
     rec = verify(prob, args.dsl, kernel, tier=args.tier, size=args.size, limits=limits,
                  compile_baseline=not args.no_compile_baseline, keep_dir=args.keep)
     if args.out:
@@ -116,17 +157,27 @@ def build_parser() -> argparse.ArgumentParser:
     ps.set_defaults(fn=_problems_show)
 
     v = sub.add_parser("verify", help="verify a kernel against a problem (GPU, or the CPU tier without one)")
-    v.add_argument("--problem", required=True, help="id or name, e.g. 28")
-    v.add_argument("--dsl", required=True, choices=P.DSLS)
+    v.add_argument("--problem", help="id or name, e.g. 28")
+    v.add_argument("--dsl", choices=P.DSLS)
+    v.add_argument("--all", action="store_true", help="sweep every shipped solution (resumable; see --out)")
+    v.add_argument("--problems", help="with --all: comma-separated ids")
+    v.add_argument("--kernels", help="sweep a folder of kernels named <NN>_<dsl>.py or <NN>/<dsl>.py")
     v.add_argument("--kernel", help="kernel.py (default: the problem's shipped solution for --dsl)")
     v.add_argument("--tier", default="auto", choices=("auto", "gpu", "cpu"))
     v.add_argument("--size", choices=P.SIZES, help="default: full on a GPU, smoke on the CPU tier")
     v.add_argument("--timeout", type=float, default=300.0, help="seconds per phase")
     v.add_argument("--no-compile-baseline", action="store_true", help="skip the torch.compile baseline")
-    v.add_argument("--out", help="append the record to this JSONL file")
+    v.add_argument("--out", help="append records to this JSONL file (sweeps: default runs/verify.jsonl)")
     v.add_argument("--keep", action="store_true", help="keep the evaluation's temp folder")
     v.add_argument("--json", action="store_true")
     v.set_defaults(fn=_verify)
+
+    r = sub.add_parser("results", help="tabulate verification records (latest per problem and DSL)")
+    r.add_argument("records", help="a JSONL file of verification records")
+    r.add_argument("--tier", default="gpu", choices=("gpu", "cpu", "all"))
+    r.add_argument("--md", help="also write the table to this markdown file")
+    r.add_argument("--json", action="store_true", help="print the summary as JSON too")
+    r.set_defaults(fn=_results)
     return ap
 
 

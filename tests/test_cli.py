@@ -29,3 +29,17 @@ def test_verify_cpu_tier_json(capsys, tmp_path):
 def test_verify_missing_kernel(capsys, tmp_path):
     assert main(["verify", "--problem", "28", "--dsl", "tirx", "--kernel", str(tmp_path / "nope.py")]) == 2
     assert "no kernel file" in capsys.readouterr().err
+
+
+def test_sweep_and_results_table(capsys, tmp_path):
+    out = tmp_path / "sweep.jsonl"
+    args = ["verify", "--all", "--problems", "36", "--dsl", "tirx", "--tier", "cpu", "--out", str(out)]
+    assert main(args) == 0
+    first = out.read_text().splitlines()
+    assert len(first) == 1 and json.loads(first[0])["status"] == "unverified"
+    assert main(args) == 0                      # resumes: nothing left to do, nothing appended
+    assert out.read_text().splitlines() == first
+    capsys.readouterr()
+    md = tmp_path / "t.md"
+    assert main(["results", str(out), "--tier", "cpu", "--md", str(md)]) == 0
+    assert "36_rmsnorm_h128_qwen3_30b_bf16 | tirx | unverified" in md.read_text()
