@@ -114,6 +114,15 @@ def _results(args: argparse.Namespace) -> int:
     return 0
 
 
+def _report(args: argparse.Namespace) -> int:
+    from mkb_eval.report import build_report
+
+    paths = build_report(Path(args.run_dir), Path(args.out) if args.out else None)
+    for kind, path in paths.items():
+        print(f"{kind}: {path}")
+    return 0
+
+
 def _verify(args: argparse.Namespace) -> int:
     from mkb_eval.harness.verify import Limits, verify
     from mkb_eval.records import append_jsonl
@@ -171,6 +180,11 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--keep", action="store_true", help="keep the evaluation's temp folder")
     v.add_argument("--json", action="store_true")
     v.set_defaults(fn=_verify)
+
+    rp = sub.add_parser("report", help="markdown + HTML report (plots, tables, CIs) of a run folder")
+    rp.add_argument("run_dir", help="a run folder holding attempts.jsonl")
+    rp.add_argument("--out", help="output folder (default: <run_dir>/report)")
+    rp.set_defaults(fn=_report)
 
     r = sub.add_parser("results", help="tabulate verification records (latest per problem and DSL)")
     r.add_argument("records", help="a JSONL file of verification records")
