@@ -109,11 +109,15 @@ def main() -> int:
         folders = [f for f in folders if int(f.name[:2]) in want]
     lock = os.path.join(os.environ.get("TMPDIR", "/tmp"), "mkb_gpu_timing.lock")
     ctx = mp.get_context("spawn")
-    with ctx.Pool(args.jobs, maxtasksperchild=1) as pool:
-        rows = pool.map(measure, [(str(f), lock, args.device, args.size) for f in folders], chunksize=1)
-    rows.sort(key=lambda r: r["id"])
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    rows = []
+    with ctx.Pool(args.jobs, maxtasksperchild=1) as pool, open(out.with_suffix(".rows.jsonl"), "a") as log:
+        for row in pool.imap_unordered(measure, [(str(f), lock, args.device, args.size) for f in folders]):
+            rows.append(row)
+            log.write(json.dumps(row) + "\n")     # kept even if the run is cut short
+            log.flush()
+    rows.sort(key=lambda r: r["id"])
     out.with_suffix(".json").write_text(json.dumps(rows, indent=1))
     import torch
 

@@ -30,7 +30,8 @@ class Judge:
 
     def inputs(self, seed: int) -> list[Any]:
         torch.manual_seed(seed)
-        return self.module.make_inputs(self.size, self.device)
+        with reference_numerics():
+            return self.module.make_inputs(self.size, self.device)
 
     def expected(self, inputs: list[Any]) -> tuple[Any, Any]:
         ref = run_reference(self.module.reference, inputs)

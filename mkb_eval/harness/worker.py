@@ -102,9 +102,12 @@ def run(job: dict[str, Any], chan: Channel, progress: Any) -> dict[str, Any]:
     make_inputs = problem.make_inputs
     size = job["size"]
 
+    from mkb_eval.harness.tolerance import reference_numerics
+
     def make(seed: int) -> list[Any]:
         manual_seed(seed)
-        return make_inputs(size, job["device"])
+        with reference_numerics():        # the same numerics flags as the judge, whatever solve set
+            return make_inputs(size, job["device"])
 
     out_dir = Path(job["out_dir"])
     progress("dsl_import")
