@@ -62,6 +62,7 @@ class VerificationRecord:
     stages_s: dict[str, float] = field(default_factory=dict)
     kernels: list[str] = field(default_factory=list)
     artifacts: dict[str, Any] = field(default_factory=dict)
+    sandbox: dict[str, str] = field(default_factory=dict)   # what confinement this evaluation had
     env: dict[str, Any] = field(default_factory=dict)
     stdout_tail: str = ""
     stderr_tail: str = ""
@@ -86,15 +87,71 @@ class VerificationRecord:
         return cls(**d)
 
 
+class StoreError(OSError):
+    """A record could not be stored; the file is left as it was before the attempt."""
+
+
+def repair_jsonl(path: str | Path) -> str | None:
+    """Cut a torn last line (power cut, SIGKILL, disk full) off a JSONL file, keeping its bytes.
+
+    The torn bytes go to ``<file>.torn`` so nothing is silently dropped; returns a message saying
+    what was done, or None when the file was whole.
+    """
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return None
+    if size == 0:
+        return None
+    with open(path, "rb") as f:
+        f.seek(size - 1)
+        if f.read(1) == b"\n":
+            return None
+        f.seek(max(0, size - (1 << 20)))
+        tail = f.read()
+    cut = tail.rfind(b"\n")
+    keep = size - len(tail) + cut + 1 if cut >= 0 else (size - len(tail) if size > len(tail) else 0)
+    with open(path, "rb") as f:
+        f.seek(keep)
+        torn = f.read()
+    with open(str(path) + ".torn", "ab") as t:
+        t.write(torn + b"\n")
+        t.flush()
+        os.fsync(t.fileno())
+    os.truncate(path, keep)
+    msg = (f"{path}: repaired a torn last record ({len(torn)} bytes, incomplete write); "
+           f"its bytes are kept in {path.name}.torn")
+    warnings.warn(msg, stacklevel=2)
+    return msg
+
+
 def append_jsonl(path: str | Path, record: dict[str, Any]) -> None:
-    """Append one record as one line, durably."""
-    line = json.dumps(record, sort_keys=True, default=str) + "\n"
+    """Append one record as one line, durably: one write, fsync; all or nothing.
+
+    A torn last line left by an earlier crash is repaired first (else the new record would be
+    glued to it). If the write fails part-way (disk full), the file is cut back to its previous
+    length and StoreError says so.
+    """
+    line = (json.dumps(record, sort_keys=True, default=str) + "\n").encode()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    repair_jsonl(path)
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-        os.write(fd, line.encode())
-        os.fsync(fd)
+        before = os.fstat(fd).st_size
+        try:
+            written = os.write(fd, line)
+            if written != len(line):
+                raise OSError(28, f"short write ({written} of {len(line)} bytes)")
+            os.fsync(fd)
+        except OSError as e:
+            try:
+                os.ftruncate(fd, before)
+            except OSError:
+                pass
+            raise StoreError(e.errno, f"could not append a record to {path}: {e.strerror or e}; "
+                                      "the file is unchanged") from None
     finally:
         os.close(fd)
 

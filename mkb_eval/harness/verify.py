@@ -18,7 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ from mkb_eval import problems as P
 from mkb_eval.env import describe
 from mkb_eval.harness.channel import read_messages
 from mkb_eval.harness.policy import check_source
+from mkb_eval.harness.sandbox import Sandbox, SandboxConfig, session_usage
 from mkb_eval.records import Timing, VerificationRecord
 
 CORRECTNESS_DRAWS = 5
@@ -41,12 +42,12 @@ _SECRET_ENV = ("TOKEN", "SECRET", "PASSWORD", "API_KEY", "ACCESS_KEY", "CREDENTI
 
 @dataclass
 class Limits:
-    """Wall-clock limits (seconds) and the cap on the worker's file sizes."""
+    """Wall-clock limits (seconds) and the worker's sandbox caps."""
 
     correctness_s: float = 300.0
     timing_s: float = 300.0
     cpu_s: float = 300.0
-    max_file_bytes: int = 8 << 30
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
 
 
 def default_cache_dir() -> Path:
@@ -78,40 +79,57 @@ def _tail(path: Path, n: int = OUTPUT_TAIL) -> str:
 
 
 class _Worker:
-    """One worker process in its own session, temp dir and DSL caches."""
+    """One worker process in its own session, sandbox, temp dir and DSL caches.
+
+    The job (with the secret seeds) goes through a pipe, never through a file.
+    """
 
     def __init__(self, job: dict[str, Any], root: Path, limits: Limits, env_extra: dict[str, str]) -> None:
+        import json
+
         self.root = root
+        self.limits = limits
         self.sentinel = secrets.token_hex(16)
         self.channel = root / "channel"
         self.gate_r, self.gate_w = os.pipe()
+        self.killed_for: str | None = None
+        self._next_watch = 0.0
         job = {**job, "sentinel": self.sentinel, "channel": str(self.channel), "gate_fd": self.gate_r}
-        job_path = root / "job.json"
-        import json
-
-        job_path.write_text(json.dumps(job))
-        job_path.chmod(0o600)
         work = root / "work"
         env = _scrubbed_env({
             "TMPDIR": str(root / "tmp"), "CUTE_DSL_DISABLE_FILE_CACHING": "1", "CUTE_DSL_CACHE_DIR": str(root / "cute_cache"),
             "XDG_CACHE_HOME": str(root / "cache"), "TVM_HOME": str(root / "tvm"), "PYTHONDONTWRITEBYTECODE": "1",
             "PYTHONUNBUFFERED": "1", **env_extra,
         })
-        max_bytes = limits.max_file_bytes
-
-        def limit() -> None:  # in the child, before exec
-            import resource
-
-            resource.setrlimit(resource.RLIMIT_FSIZE, (max_bytes, max_bytes))
-            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-
+        self.sandbox = Sandbox.create(limits.sandbox)
         self.stdout, self.stderr = root / "stdout.txt", root / "stderr.txt"
         with open(self.stdout, "wb") as so, open(self.stderr, "wb") as se:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "mkb_eval.harness.worker", str(job_path)], cwd=work, env=env,
-                stdin=subprocess.DEVNULL, stdout=so, stderr=se, start_new_session=True, pass_fds=(self.gate_r,),
-                preexec_fn=limit)
+                [sys.executable, "-m", "mkb_eval.harness.worker", "-"], cwd=work, env=env,
+                stdin=subprocess.PIPE, stdout=so, stderr=se, start_new_session=True, pass_fds=(self.gate_r,),
+                preexec_fn=self.sandbox.preexec)
         os.close(self.gate_r)
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(json.dumps(job).encode())
+            self.proc.stdin.close()
+        except BrokenPipeError:
+            pass
+
+    def _watch(self) -> None:
+        """Kill the worker's session past the memory or process caps (where cgroups are missing too)."""
+        now = time.monotonic()
+        if now < self._next_watch:
+            return
+        self._next_watch = now + 0.25
+        cfg = self.limits.sandbox
+        rss, n = session_usage(self.proc.pid)
+        if cfg.memory_bytes and rss > cfg.memory_bytes:
+            self.killed_for = f"resident memory {rss / 2**30:.1f} GiB over the cap of {cfg.memory_bytes / 2**30:.1f} GiB"
+        elif cfg.max_tasks and n > cfg.max_tasks:
+            self.killed_for = f"{n} processes, over the cap of {cfg.max_tasks}"
+        if self.killed_for:
+            self.kill_group()
 
     def messages(self) -> list[dict[str, Any]]:
         return read_messages(self.channel, self.sentinel)
@@ -130,6 +148,7 @@ class _Worker:
                 return None, "exited"
             if time.monotonic() > deadline:
                 return None, "timeout"
+            self._watch()
             time.sleep(0.02)
 
     def last_stage(self) -> str:
@@ -142,21 +161,38 @@ class _Worker:
         except OSError:
             pass
 
-    def kill(self) -> None:
+    def kill_group(self) -> None:
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+
+    def kill(self) -> None:
+        """End the worker and everything it started (process group, then its cgroups)."""
+        self.kill_group()
         try:
             self.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             pass
+        self.sandbox.cleanup()
+        self.leftover = session_usage(self.proc.pid)[1]
+        if self.leftover:                      # a child outlived the group kill: try once more
+            self.kill_group()
         try:
             os.close(self.gate_w)
         except OSError:
             pass
 
+    def facts(self) -> dict[str, str]:
+        net = [m.get("network") for m in self.messages() if m.get("stage") == "setup"]
+        return {**self.sandbox.facts, "network": net[-1] if net else "unknown (worker never started)",
+                "leftover_processes": str(getattr(self, "leftover", 0))}
+
     def death(self) -> str:
+        if self.killed_for:
+            return f"killed by the sandbox: {self.killed_for}"
+        if self.sandbox.memory_events():
+            return f"killed at the host memory cap ({self.limits.sandbox.memory_bytes / 2**30:.1f} GiB)"
         rc = self.proc.returncode
         if rc is None:
             return "still running"
@@ -310,6 +346,7 @@ def _run_cpu(rec: VerificationRecord, prob: P.Problem, dsl: str, root: Path, lim
         w.kill()
         rec.stdout_tail, rec.stderr_tail = _tail(w.stdout), _tail(w.stderr)
         rec.stages_s.update(_stage_times(w))
+        rec.sandbox = w.facts()
 
 
 def _run_gpu(rec: VerificationRecord, prob: P.Problem, dsl: str, root: Path, size: str, device: str,
@@ -362,6 +399,7 @@ def _run_gpu(rec: VerificationRecord, prob: P.Problem, dsl: str, root: Path, siz
         w.kill()
         rec.stdout_tail, rec.stderr_tail = _tail(w.stdout), _tail(w.stderr)
         rec.stages_s.update(_stage_times(w))
+        rec.sandbox = w.facts()
 
     t0 = time.perf_counter()
     for i in job["recheck"]:

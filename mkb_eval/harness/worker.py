@@ -4,7 +4,7 @@ It makes inputs from the seeds it is given, calls ``solve``, and hands outputs t
 through files; it never computes an expected output, so nothing in this process can find one.
 Phase 1 (correctness draws + the DSL-dependence draw) ends by waiting on a gate: the parent
 judges, then lets the timed phase run or stops the worker. Usage:
-``python -m mkb_eval.harness.worker <job.json>``.
+``python -m mkb_eval.harness.worker -`` with the job as JSON on stdin.
 """
 
 from __future__ import annotations
@@ -59,9 +59,8 @@ class Stop(Exception):
 
 
 def main(argv: list[str]) -> int:
-    job_path = Path(argv[1])
-    job = json.loads(job_path.read_text())
-    job_path.unlink()  # the seeds are not left on disk once the candidate runs
+    job = json.loads(sys.stdin.read())       # the seeds never touch the disk
+    sys.stdin.close()
     chan = Channel(job["channel"], job["sentinel"])
     stage = "start"
 
@@ -75,8 +74,10 @@ def main(argv: list[str]) -> int:
             os.sched_setaffinity(0, {job["cpu"]})
         except OSError:
             pass
+    from mkb_eval.harness.sandbox import network_isolated
+
     try:
-        progress("setup")
+        progress("setup", network="isolated" if network_isolated() else "shared")
         result = run(job, chan, progress)
         chan.send(kind="final", status=result.pop("status"), stage="done", **result)
     except Stop as s:

@@ -1,0 +1,401 @@
+"""Generation backends behind one small interface: vLLM offline, OpenAI-compatible HTTP, transformers.
+
+A backend takes a batch of conversations (one per trial that is waiting for the model) and
+returns one generation each, so many trials advance together and vLLM batches their decoding.
+Every backend reports its identity (kind, model, versions) and the sampling settings it used;
+these go into every attempt record. Errors that make a backend unusable (unreachable server,
+model without a chat template, missing package) raise ``BackendError`` with a one-line message.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Protocol
+
+Message = dict[str, str]
+
+
+class BackendError(RuntimeError):
+    """The backend cannot serve; the message is one line and says what is wrong."""
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Sampling settings of one request (recorded with every attempt)."""
+
+    temperature: float = 0.7
+    top_p: float = 0.95
+    max_tokens: int = 8192
+    seed: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One model answer and its token usage."""
+
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: str
+    seconds: float = 0.0
+
+
+class Backend(Protocol):
+    """What the attempt runner needs from a model."""
+
+    name: str
+    max_context: int | None
+
+    def identity(self) -> dict[str, Any]:
+        """Kind, model and versions, recorded with every attempt."""
+        ...
+
+    def count_prompt_tokens(self, messages: Sequence[Message]) -> int | None:
+        """Tokens of the chat-formatted prompt, or None when the backend cannot tell before sending."""
+        ...
+
+    def generate(self, conversations: Sequence[Sequence[Message]], sampling: Sequence[Sampling]) -> list[Generation]:
+        """One answer per conversation, in order."""
+        ...
+
+    def close(self) -> None:
+        ...
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def check_chat_template(model_path: Path) -> None:
+    """Refuse a local model whose tokenizer has no chat template (a conversation cannot be formatted)."""
+    if not model_path.is_dir():
+        raise BackendError(f"model folder {model_path} does not exist")
+    if not (model_path / "config.json").is_file():
+        raise BackendError(f"{model_path} is not a model folder (no config.json)")
+    if (model_path / "chat_template.jinja").is_file() or (model_path / "chat_template.json").is_file():
+        return
+    cfg_path = model_path / "tokenizer_config.json"
+    try:
+        cfg = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
+    except json.JSONDecodeError as e:
+        raise BackendError(f"{cfg_path} is not valid JSON ({e.msg})") from None
+    if not cfg.get("chat_template"):
+        raise BackendError(f"model {model_path} has no chat template (tokenizer_config.json has none and there is "
+                           "no chat_template.jinja): it cannot hold a conversation")
+
+
+def _apply_template(tokenizer: Any, messages: Sequence[Message]) -> list[int]:
+    ids = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True)
+    if isinstance(ids, dict) or hasattr(ids, "keys"):
+        ids = ids["input_ids"]
+    return list(ids)
+
+
+class VllmBackend:
+    """vLLM in this process (``LLM.chat``); one batched call per step of the runner.
+
+    ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (set here unless the caller set it) keeps the engine in
+    this process, which halves start-up on CPU; callers' scripts still need a ``__main__`` guard.
+    """
+
+    def __init__(self, model_path: str | Path, *, name: str | None = None, dtype: str = "auto",
+                 max_model_len: int | None = None, seed: int = 0, device: str = "cpu",
+                 kv_cache_gib: int = 2, tensor_parallel_size: int = 1) -> None:
+        path = Path(model_path)
+        check_chat_template(path)
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        if device == "cpu":
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
+        try:
+            import vllm
+            from vllm import LLM
+        except Exception as e:  # ImportError, or a broken optional dependency (OSError, RuntimeError)
+            raise BackendError(f"vLLM cannot be imported ({type(e).__name__}: {str(e).splitlines()[0][:160]}); "
+                               "install the LLM extra: bash scripts/install.sh") from None
+        self._vllm_version = vllm.__version__
+        self.name = name or path.name
+        self._path = path
+        self._dtype = dtype
+        kwargs: dict[str, Any] = {"model": str(path), "dtype": dtype, "seed": seed, "enforce_eager": device == "cpu",
+                                  "tensor_parallel_size": tensor_parallel_size}
+        if max_model_len:
+            kwargs["max_model_len"] = max_model_len
+        try:
+            self._llm = LLM(**kwargs)
+        except Exception as e:
+            raise BackendError(f"vLLM could not load {path}: {type(e).__name__}: {str(e).splitlines()[0][:200]}") from None
+        self._tok = self._llm.get_tokenizer()
+        self.max_context = int(self._llm.llm_engine.model_config.max_model_len)
+
+    def identity(self) -> dict[str, Any]:
+        return {"kind": "vllm", "model": self.name, "path": str(self._path), "dtype": self._dtype,
+                "vllm": self._vllm_version, "dist": "vllm-cpu" if _version("vllm-cpu") else "vllm",
+                "max_context": self.max_context, "machine": platform.machine()}
+
+    def count_prompt_tokens(self, messages: Sequence[Message]) -> int | None:
+        return len(_apply_template(self._tok, messages))
+
+    def generate(self, conversations: Sequence[Sequence[Message]], sampling: Sequence[Sampling]) -> list[Generation]:
+        from vllm import SamplingParams
+
+        if not conversations:
+            return []
+        params = [SamplingParams(temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_tokens, seed=s.seed)
+                  for s in sampling]
+        t0 = time.perf_counter()
+        outs = self._llm.chat([list(c) for c in conversations], params, use_tqdm=False)
+        dt = time.perf_counter() - t0
+        gens = []
+        for o in outs:
+            c = o.outputs[0]
+            gens.append(Generation(text=c.text, prompt_tokens=len(o.prompt_token_ids or []),
+                                   completion_tokens=len(c.token_ids), finish_reason=str(c.finish_reason),
+                                   seconds=dt))
+        return gens
+
+    def close(self) -> None:
+        self._llm = None
+
+
+class OpenAIBackend:
+    """Any OpenAI-compatible chat server (``vllm serve``, others), over plain HTTP.
+
+    Requests of one batch are sent concurrently, so a batching server (vLLM) decodes them together.
+    """
+
+    def __init__(self, base_url: str, model: str, *, api_key: str | None = None, timeout_s: float = 600.0,
+                 max_context: int | None = None, concurrency: int = 16) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.name = model
+        self._key = api_key
+        self._timeout = timeout_s
+        self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="mkb-openai")
+        self.max_context = max_context
+        self._server_models = self._probe()
+
+    def _request(self, path: str, body: dict[str, Any] | None = None, timeout: float | None = None) -> dict[str, Any]:
+        url = f"{self.base_url}{path}"
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(url, data=data, method="POST" if body is not None else "GET")
+        req.add_header("Content-Type", "application/json")
+        if self._key:
+            req.add_header("Authorization", f"Bearer {self._key}")
+        try:
+            with urllib.request.urlopen(req, timeout=timeout or self._timeout) as r:
+                return json.loads(r.read().decode())
+        except urllib.error.HTTPError as e:
+            detail = e.read().decode(errors="replace")[:300].replace("\n", " ")
+            raise BackendError(f"{url} answered HTTP {e.code}: {detail}") from None
+        except urllib.error.URLError as e:
+            raise BackendError(f"cannot reach the OpenAI-compatible server at {self.base_url}: {e.reason}") from None
+        except (TimeoutError, ConnectionError, OSError) as e:
+            raise BackendError(f"cannot reach the OpenAI-compatible server at {self.base_url}: {e}") from None
+        except json.JSONDecodeError:
+            raise BackendError(f"{url} did not answer with JSON (is this an OpenAI-compatible server?)") from None
+
+    def _probe(self) -> list[str]:
+        data = self._request("/models", timeout=min(30.0, self._timeout))
+        ids = [m.get("id") for m in data.get("data", []) if isinstance(m, dict)]
+        if ids and self.name not in ids:
+            raise BackendError(f"the server at {self.base_url} does not serve model {self.name!r} (it serves: "
+                               f"{', '.join(map(str, ids))})")
+        for m in data.get("data", []):
+            if isinstance(m, dict) and m.get("id") == self.name and m.get("max_model_len") and not self.max_context:
+                self.max_context = int(m["max_model_len"])
+        return [str(i) for i in ids]
+
+    def identity(self) -> dict[str, Any]:
+        return {"kind": "openai", "model": self.name, "base_url": self.base_url, "max_context": self.max_context}
+
+    def count_prompt_tokens(self, messages: Sequence[Message]) -> int | None:
+        return None
+
+    def _one(self, messages: Sequence[Message], s: Sampling) -> Generation:
+        body: dict[str, Any] = {"model": self.name, "messages": list(messages), "temperature": s.temperature,
+                                "top_p": s.top_p, "max_tokens": s.max_tokens}
+        if s.seed is not None:
+            body["seed"] = s.seed
+        t0 = time.perf_counter()
+        data = self._request("/chat/completions", body)
+        try:
+            choice = data["choices"][0]
+            usage = data.get("usage") or {}
+            return Generation(text=choice["message"].get("content") or "",
+                              prompt_tokens=int(usage.get("prompt_tokens", 0)),
+                              completion_tokens=int(usage.get("completion_tokens", 0)),
+                              finish_reason=str(choice.get("finish_reason")), seconds=time.perf_counter() - t0)
+        except (KeyError, IndexError, TypeError, ValueError):
+            raise BackendError(f"{self.base_url}/chat/completions answered without choices[0].message") from None
+
+    def generate(self, conversations: Sequence[Sequence[Message]], sampling: Sequence[Sampling]) -> list[Generation]:
+        futs = [self._pool.submit(self._one, c, s) for c, s in zip(conversations, sampling)]
+        return [f.result() for f in futs]
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+class TransformersBackend:
+    """Plain ``transformers`` generation, the fallback where vLLM is not installed.
+
+    A batch is padded on the left and generated in one ``generate`` call per distinct sampling
+    setting; a per-request seed is honoured by generating that request alone under the seed.
+    """
+
+    def __init__(self, model_path: str | Path, *, name: str | None = None, dtype: str = "float32",
+                 device: str = "cpu") -> None:
+        path = Path(model_path)
+        check_chat_template(path)
+        try:
+            import torch
+            import transformers
+            from transformers import AutoModelForCausalLM, AutoTokenizer
+        except ImportError as e:
+            raise BackendError(f"transformers cannot be imported ({e}); install the LLM extra") from None
+        self._torch = torch
+        self.name = name or path.name
+        self._path = path
+        self._device = device
+        self._dtype = dtype
+        self._tf_version = transformers.__version__
+        self._tok = AutoTokenizer.from_pretrained(str(path))
+        if not self._tok.chat_template:
+            raise BackendError(f"model {path} has no chat template: it cannot hold a conversation")
+        self._tok.padding_side = "left"
+        if self._tok.pad_token is None:
+            self._tok.pad_token = self._tok.eos_token
+        self._model = AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype)).to(device).eval()
+        self.max_context = getattr(self._model.config, "max_position_embeddings", None)
+
+    def identity(self) -> dict[str, Any]:
+        return {"kind": "transformers", "model": self.name, "path": str(self._path), "dtype": self._dtype,
+                "transformers": self._tf_version, "torch": self._torch.__version__, "device": self._device,
+                "max_context": self.max_context}
+
+    def count_prompt_tokens(self, messages: Sequence[Message]) -> int | None:
+        return len(_apply_template(self._tok, messages))
+
+    def _batch(self, convs: list[Sequence[Message]], s: Sampling) -> list[Generation]:
+        torch = self._torch
+        texts = [self._tok.apply_chat_template(list(c), add_generation_prompt=True, tokenize=False) for c in convs]
+        enc = self._tok(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(self._device)
+        kw: dict[str, Any] = {"max_new_tokens": s.max_tokens, "pad_token_id": self._tok.pad_token_id}
+        if s.temperature > 0:
+            kw.update(do_sample=True, temperature=s.temperature, top_p=s.top_p)
+        else:
+            kw.update(do_sample=False)
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            if s.seed is not None:
+                torch.manual_seed(s.seed)
+            out = self._model.generate(**enc, **kw)
+        dt = time.perf_counter() - t0
+        gens = []
+        width = enc["input_ids"].shape[1]
+        eos = self._tok.eos_token_id
+        for i in range(len(convs)):
+            new = out[i, width:].tolist()
+            n_prompt = int(enc["attention_mask"][i].sum())
+            finished = eos in new
+            if finished:
+                new = new[:new.index(eos)]
+            while new and new[-1] == self._tok.pad_token_id:
+                new.pop()
+            gens.append(Generation(text=self._tok.decode(new, skip_special_tokens=True), prompt_tokens=n_prompt,
+                                   completion_tokens=len(new), finish_reason="stop" if finished else "length",
+                                   seconds=dt))
+        return gens
+
+    def generate(self, conversations: Sequence[Sequence[Message]], sampling: Sequence[Sampling]) -> list[Generation]:
+        out: list[Generation | None] = [None] * len(conversations)
+        groups: dict[Sampling, list[int]] = {}
+        for i, s in enumerate(sampling):
+            if s.seed is not None:   # a seeded request is generated alone so its seed means something
+                out[i] = self._batch([conversations[i]], s)[0]
+            else:
+                groups.setdefault(s, []).append(i)
+        for s, idx in groups.items():
+            for i, g in zip(idx, self._batch([conversations[i] for i in idx], s)):
+                out[i] = g
+        return [g for g in out if g is not None]
+
+    def close(self) -> None:
+        self._model = None
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What ``--model`` named: an embedded model, a local folder, or an OpenAI-compatible endpoint."""
+
+    kind: str                 # "embedded" | "local" | "openai"
+    name: str                 # the model id recorded in every attempt
+    path: Path | None = None
+    base_url: str | None = None
+
+
+def parse_model_spec(text: str) -> ModelSpec:
+    """``<embedded name>`` | ``<local path>`` | ``openai:<base URL>#<model>`` (URL and model may come from MKB_*)."""
+    from mkb_eval.agent import models
+
+    text = text.strip()
+    if text.startswith("openai:"):
+        rest = text[len("openai:"):]
+        url, _, model = rest.partition("#")
+        url = url or os.environ.get("MKB_OPENAI_BASE_URL", "")
+        model = model or os.environ.get("MKB_OPENAI_MODEL", "")
+        if not url.startswith(("http://", "https://")):
+            raise BackendError(f"--model {text!r}: give openai:<http(s) base URL>#<model> (or set MKB_OPENAI_BASE_URL)")
+        if not model:
+            raise BackendError(f"--model {text!r}: name the served model after '#' (or set MKB_OPENAI_MODEL)")
+        return ModelSpec(kind="openai", name=model, base_url=url)
+    if text in models.EMBEDDED:
+        return ModelSpec(kind="embedded", name=text, path=models.model_dir(text))
+    path = Path(text).expanduser()
+    if path.exists() or "/" in text or text.startswith("."):
+        if not path.is_dir():
+            raise BackendError(f"--model {text!r}: no model folder at {path}")
+        check_chat_template(path)
+        return ModelSpec(kind="local", name=path.resolve().name, path=path.resolve())
+    raise BackendError(f"--model {text!r} is not an embedded model ({', '.join(models.EMBEDDED)}), an existing "
+                       "folder, or openai:<URL>#<model>")
+
+
+def open_backend(spec: ModelSpec, *, engine: str = "vllm", device: str = "cpu", seed: int = 0,
+                 max_model_len: int | None = None, dtype: str | None = None, api_key: str | None = None,
+                 log: Any = print) -> Backend:
+    """Start the backend for ``spec`` (preparing an embedded model first if needed)."""
+    if spec.kind == "openai":
+        key = api_key or os.environ.get("MKB_OPENAI_API_KEY") or os.environ.get("OPENAI_API_KEY")
+        return OpenAIBackend(spec.base_url or "", spec.name, api_key=key, max_context=max_model_len)
+    path = spec.path
+    if spec.kind == "embedded":
+        from mkb_eval.agent import models
+
+        try:
+            path = models.prepare(spec.name, log=log)
+        except models.ModelError as e:
+            raise BackendError(str(e)) from None
+    assert path is not None
+    if engine == "vllm":
+        return VllmBackend(path, name=spec.name, dtype=dtype or ("float32" if device == "cpu" else "auto"),
+                           max_model_len=max_model_len, seed=seed, device=device)
+    if engine == "transformers":
+        return TransformersBackend(path, name=spec.name, dtype=dtype or "float32",
+                                   device="cuda" if device == "cuda" else "cpu")
+    raise BackendError(f"unknown engine {engine!r}; choose vllm or transformers")

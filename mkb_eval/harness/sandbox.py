@@ -1,0 +1,209 @@
+"""Confinement of the worker process: no network, capped host memory and process count.
+
+What is available depends on the machine, so every evaluation records what it actually got
+(``facts``). Network: a fresh network namespace (root, or an unprivileged user namespace);
+elsewhere the network stays shared and the record says so. Memory and processes: cgroup v1/v2
+limits where the cgroup tree is writable; in every case the parent also watches the worker's
+session (resident memory, process count) and kills it past the caps. ``RLIMIT_AS`` is not used:
+the CUDA driver reserves far more address space than it touches.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import secrets
+import shutil
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWNET = 0x40000000
+_CGROOT = Path("/sys/fs/cgroup")
+
+
+@dataclass
+class SandboxConfig:
+    """Caps for one worker; ``None`` disables a cap."""
+
+    isolate_network: bool = True
+    memory_bytes: int | None = 48 << 30
+    max_tasks: int | None = 1024          # threads count: CUDA, OpenMP and compilers start many
+    max_file_bytes: int = 8 << 30
+
+
+@dataclass
+class Sandbox:
+    config: SandboxConfig
+    cgroups: list[Path] = field(default_factory=list)
+    facts: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def create(cls, config: SandboxConfig) -> Sandbox:
+        sb = cls(config)
+        sb._make_cgroups()
+        sb.facts["uid"] = str(os.getuid())
+        return sb
+
+    # -- cgroups ---------------------------------------------------------------------------
+    def _make_cgroups(self) -> None:
+        name = f"mkb-{os.getpid()}-{secrets.token_hex(4)}"
+        made: list[str] = []
+        for ctrl, limits in (("memory", {"memory.limit_in_bytes": self.config.memory_bytes}),
+                             ("pids", {"pids.max": self.config.max_tasks})):
+            base = _v1_dir(ctrl)
+            if base is None or all(v is None for v in limits.values()):
+                continue
+            try:
+                d = base / name
+                d.mkdir()
+                for k, v in limits.items():
+                    if v is not None:
+                        (d / k).write_text(str(v))
+                self.cgroups.append(d)
+                made.append(ctrl)
+            except OSError:
+                continue
+        if not made:
+            v2 = _v2_dir()
+            if v2 is not None:
+                try:
+                    d = v2 / name
+                    d.mkdir()
+                    if self.config.memory_bytes:
+                        (d / "memory.max").write_text(str(self.config.memory_bytes))
+                    if self.config.max_tasks:
+                        (d / "pids.max").write_text(str(self.config.max_tasks))
+                    self.cgroups.append(d)
+                    made = ["memory", "pids"]
+                    self.facts["cgroup"] = "v2"
+                except OSError:
+                    shutil.rmtree(v2 / name, ignore_errors=True)
+        elif made:
+            self.facts["cgroup"] = "v1 " + "+".join(made)
+        self.facts.setdefault("cgroup", "unavailable (parent watchdog only)")
+
+    def memory_events(self) -> int:
+        """How often a memory cap was hit (0 where unknown)."""
+        for d in self.cgroups:
+            for f, key in (("memory.failcnt", None), ("memory.events", "oom_kill")):
+                p = d / f
+                if p.exists():
+                    txt = p.read_text()
+                    if key is None:
+                        return int(txt.strip() or 0)
+                    for line in txt.splitlines():
+                        if line.startswith(key):
+                            return int(line.split()[1])
+        return 0
+
+    # -- the child side ----------------------------------------------------------------------
+    def preexec(self) -> None:
+        """Runs in the forked child before exec: join the cgroups, leave the network, set rlimits."""
+        import resource
+
+        pid = str(os.getpid())
+        for d in self.cgroups:
+            try:
+                (d / "cgroup.procs").write_text(pid)
+            except OSError:
+                pass
+        if self.config.isolate_network:
+            libc = ctypes.CDLL(None, use_errno=True)
+            # unprivileged: a user namespace first; if both fail the worker reports a shared network
+            if libc.unshare(CLONE_NEWNET) != 0:
+                libc.unshare(CLONE_NEWUSER | CLONE_NEWNET)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (self.config.max_file_bytes, self.config.max_file_bytes))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+    # -- teardown ----------------------------------------------------------------------------
+    def kill_all(self) -> None:
+        """Kill every process left in the worker's cgroups (escapees from its process group too)."""
+        for d in self.cgroups:
+            procs = d / "cgroup.procs"
+            for _ in range(20):
+                try:
+                    pids = [int(x) for x in procs.read_text().split()]
+                except OSError:
+                    break
+                if not pids:
+                    break
+                for p in pids:
+                    try:
+                        os.kill(p, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                import time
+
+                time.sleep(0.05)
+
+    def cleanup(self) -> None:
+        self.kill_all()
+        for d in self.cgroups:
+            try:
+                d.rmdir()
+            except OSError:
+                pass
+
+
+def _own_cgroup(controller: str) -> str | None:
+    try:
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            _, ctrls, path = line.split(":", 2)
+            if controller in ctrls.split(","):
+                return path
+    except OSError:
+        return None
+    return None
+
+
+def _v1_dir(controller: str) -> Path | None:
+    mount = _CGROOT / controller
+    own = _own_cgroup(controller)
+    if own is None or not mount.is_dir() or not os.access(mount, os.W_OK):
+        return None
+    d = mount / own.lstrip("/")
+    return d if d.is_dir() and os.access(d, os.W_OK) else None
+
+
+def _v2_dir() -> Path | None:
+    if not (_CGROOT / "cgroup.controllers").exists():
+        return None
+    own = _own_cgroup("")
+    try:
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            if line.startswith("0::"):
+                own = line[3:]
+    except OSError:
+        return None
+    d = _CGROOT / (own or "/").lstrip("/")
+    return d if d.is_dir() and os.access(d, os.W_OK) else None
+
+
+def session_usage(sid: int) -> tuple[int, int]:
+    """(resident bytes, process count) of every process in session ``sid`` (the watchdog's view)."""
+    rss, n = 0, 0
+    page = os.sysconf("SC_PAGE_SIZE")
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = Path(entry.path, "stat").read_text()
+            fields = stat[stat.rindex(")") + 2:].split()
+            if int(fields[3]) != sid or fields[0] in ("Z", "X"):   # session id; zombies hold nothing
+                continue
+            n += 1
+            rss += int(fields[21]) * page       # field 24: rss in pages
+        except (OSError, ValueError, IndexError):
+            continue
+    return rss, n
+
+
+def network_isolated() -> bool:
+    """True when this process sees no network interface but loopback (run inside the worker)."""
+    try:
+        lines = Path("/proc/self/net/dev").read_text().splitlines()[2:]
+    except OSError:
+        return False
+    return all(line.split(":")[0].strip() == "lo" for line in lines)

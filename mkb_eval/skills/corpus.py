@@ -1,0 +1,149 @@
+"""The released skills corpus: markdown files with YAML front matter, read, validated, written.
+
+A released skill file is ``---`` + front matter + ``---`` + the skill text exactly as the
+attempt wrote it. The front matter (schema ``skills_corpus/schema/skill.schema.json``) names the
+model, problem, direction, source verdict, the sha256 of the text, and the dataset version it
+was released in; an edited text no longer matches its sha256 and is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from mkb_eval.skills.model import Outcome, Skill, SkillError
+
+_REPO_ROOT = Path(__file__).resolve().parents[2]
+CORPUS_ROOT = _REPO_ROOT / "skills_corpus"
+SCHEMA_DIR = CORPUS_ROOT / "schema"
+SKIPPED_NAMES = ("README.md",)
+
+
+@cache
+def schema(name: str) -> dict[str, Any]:
+    """A JSON schema of ``skills_corpus/schema/<name>.schema.json``."""
+    path = SCHEMA_DIR / f"{name}.schema.json"
+    if not path.is_file():
+        raise SkillError(f"{path}: schema not found")
+    return json.loads(path.read_bytes().decode("utf-8"))
+
+
+def schema_errors(instance: Any, name: str) -> list[str]:
+    """Messages for every way ``instance`` violates schema ``name`` (empty when it is valid)."""
+    from jsonschema import Draft202012Validator
+
+    validator = Draft202012Validator(schema(name))
+    out = []
+    for err in sorted(validator.iter_errors(instance), key=lambda e: [str(p) for p in e.absolute_path]):
+        where = "/".join(str(p) for p in err.absolute_path) or "(top level)"
+        out.append(f"{where}: {err.message}")
+    return out
+
+
+def split_front_matter(text: str, where: str) -> tuple[dict[str, Any], str]:
+    """(front matter, body) of a released skill file."""
+    if not text.startswith("---\n"):
+        raise SkillError(f"{where}: a released skill starts with YAML front matter ('---')")
+    end = text.find("\n---\n", 4)
+    if end < 0:
+        raise SkillError(f"{where}: the front matter is not closed by a '---' line")
+    try:
+        meta = yaml.safe_load(text[4:end + 1])
+    except yaml.YAMLError as e:
+        raise SkillError(f"{where}: invalid YAML front matter ({str(e).splitlines()[0]})") from None
+    if not isinstance(meta, dict):
+        raise SkillError(f"{where}: the front matter must be a mapping")
+    return meta, text[end + 5:]
+
+
+def parse_skill_file(path: Path, corpus: Path) -> Skill:
+    """Read and validate one released skill file."""
+    rel = path.relative_to(corpus).as_posix()
+    meta, body = split_front_matter(path.read_bytes().decode("utf-8"), str(path))
+    errors = schema_errors(meta, "skill")
+    if errors:
+        raise SkillError(f"{path}: front matter {errors[0]}" + (f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""))
+    skill = Skill(
+        origin=f"corpus:{rel}", model=meta["model"], problem_id=meta["problem"], direction=meta["direction"],
+        source_verdict=meta["source_verdict"], text=body, replicate=meta.get("replicate"),
+        source_trial=meta.get("source_trial"), source_speedup=meta.get("source_speedup"),
+        outcome=Outcome(**meta["outcome"]) if meta.get("outcome") else None,
+        released_in=meta["dataset_version"], path=path,
+    )
+    if skill.sha256 != meta["sha256"]:
+        raise SkillError(f"{path}: the text's sha256 {skill.sha256[:12]}... differs from the front matter's "
+                         f"{meta['sha256'][:12]}... (edited after release?)")
+    return skill
+
+
+def corpus_files(corpus: Path) -> list[Path]:
+    """Released skill files under ``corpus`` (every *.md except READMEs and the schema folder)."""
+    return sorted(p for p in corpus.rglob("*.md")
+                  if p.name not in SKIPPED_NAMES and "schema" not in p.relative_to(corpus).parts[:1])
+
+
+def read_corpus(corpus: str | Path | None = None) -> list[Skill]:
+    """Every released skill, ordered by path; one SkillError lists every bad file."""
+    root = Path(corpus) if corpus is not None else CORPUS_ROOT
+    if not root.is_dir():
+        raise SkillError(f"{root}: skills corpus folder not found")
+    skills, errors = [], []
+    for path in corpus_files(root):
+        try:
+            skills.append(parse_skill_file(path, root))
+        except SkillError as e:
+            errors.append(str(e))
+    if errors:
+        raise SkillError("\n".join(errors))
+    return skills
+
+
+def front_matter(skill: Skill, dataset_version: str) -> dict[str, Any]:
+    """The front matter a skill is released with (None fields left out)."""
+    meta: dict[str, Any] = {
+        "model": skill.model, "problem": skill.problem_id, "direction": skill.direction,
+        "source_verdict": skill.source_verdict, "sha256": skill.sha256, "dataset_version": dataset_version,
+        "replicate": skill.replicate, "source_trial": skill.source_trial, "source_speedup": skill.source_speedup,
+        "provenance": skill.origin,
+    }
+    if skill.outcome is not None:
+        meta["outcome"] = {k: v for k, v in vars(skill.outcome).items() if v is not None}
+    return {k: v for k, v in meta.items() if v is not None}
+
+
+def render_release(skill: Skill, dataset_version: str) -> str:
+    """The released markdown file of a skill; refuses front matter that fails the schema."""
+    meta = front_matter(skill, dataset_version)
+    errors = schema_errors(meta, "skill")
+    if errors:
+        raise SkillError(f"{skill.origin}: cannot release: {errors[0]}")
+    return "---\n" + yaml.safe_dump(meta, sort_keys=False, allow_unicode=True) + "---\n" + skill.text
+
+
+def release_name(skill: Skill) -> str:
+    """File name of a released skill: ``p<NN>_<direction>_<model>_r<k>.md``."""
+    model = re.sub(r"[^0-9A-Za-z._-]", "-", skill.model)
+    return f"p{skill.problem_id:02d}_{skill.direction}_{model}_r{skill.replicate or 1}.md"
+
+
+def write_release(skills: Iterable[Skill], dest: Path, dataset_version: str) -> list[Path]:
+    """Write released skill files into ``dest``; refuses to overwrite a file with different content."""
+    skills = list(skills)
+    names = [release_name(s) for s in skills]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise SkillError(f"two skills would be released as {dupes[0]}")
+    rendered = [(dest / n, render_release(s, dataset_version)) for s, n in zip(skills, names)]
+    for path, text in rendered:
+        if path.exists() and path.read_bytes() != text.encode("utf-8"):
+            raise SkillError(f"{path}: exists with different content; not overwritten")
+    dest.mkdir(parents=True, exist_ok=True)
+    for path, text in rendered:
+        path.write_bytes(text.encode("utf-8"))
+    return [p for p, _ in rendered]

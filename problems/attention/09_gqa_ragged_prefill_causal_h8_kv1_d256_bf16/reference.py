@@ -1,0 +1,84 @@
+"""Causal grouped-query attention prefill over ragged (packed) query and KV tensors from Qwen3 Next 80B A3B at TP=2."""
+
+# Based on the public FlashInfer-Trace definition gqa_ragged_prefill_causal_h8_kv1_d256 (Apache-2.0): the 16 query and
+# 2 KV heads (dim 256) of Qwen3-Next's full-attention layers over 2 GPUs; query lengths of one captured workload
+# record, cached prefixes designed here; sm_scale is the model's 1/sqrt(256).
+
+import math
+
+import torch
+
+QO_HEADS = 8
+KV_HEADS = 1
+HEAD_DIM = 256
+SM_SCALE = 1.0 / math.sqrt(HEAD_DIM)
+LOG2E = 1.0 / math.log(2.0)
+LOGIT_BUDGET = 1 << 25            # logits the reference materializes at once (memory bound for the fp64 anchor)
+# per request: new query tokens, and extra KV tokens in front of them (KV length = prefix + query length)
+Q_LENS = {
+    "full": (35, 71, 76, 69, 62, 52, 61, 39, 102, 94, 64, 44, 63, 37, 49, 56, 53, 58, 47, 18, 61, 83, 49, 63, 64,
+             19, 82, 63, 17, 39, 59, 46, 66, 86, 41, 58, 36, 41, 33, 18, 19, 25, 32, 39, 68, 47, 73, 41, 50, 13, 27,
+             59, 22, 29, 66, 23, 20, 37, 32, 40, 19, 55, 43),
+    "smoke": (6, 1, 33, 12),
+}
+PREFIX_LENS = {
+    "full": (149, 217, 80, 150, 0, 19, 0, 0, 252, 66, 76, 84, 30, 110, 249, 239, 0, 0, 23, 32, 0, 0, 130, 0, 0, 102,
+             0, 98, 0, 0, 45, 0, 0, 51, 88, 50, 0, 0, 172, 1024, 76, 95, 0, 0, 0, 28, 49, 181, 103, 273, 0, 163, 702,
+             93, 0, 103, 0, 273, 114, 860, 0, 0, 148),
+    "smoke": (0, 9, 20, 3),
+}
+
+
+def _causal_attention(q, k, v, sm_scale):
+    """q [Lq, H, D], k/v [Lkv, KV, D] (wide); bottom-right aligned causal mask; returns out and base-2 lse."""
+    lq, heads, dim = q.shape
+    lkv, kv_heads, _ = k.shape
+    group = heads // kv_heads
+    delta = lkv - lq
+    out = torch.empty((lq, heads, v.shape[-1]), dtype=q.dtype, device=q.device)
+    lse = torch.empty((lq, heads), dtype=q.dtype, device=q.device)
+    rows = max(1, LOGIT_BUDGET // (heads * lkv))
+    for s in range(0, lq, rows):
+        e = min(s + rows, lq)
+        visible = delta + e                                   # keys any query of this block may see
+        qc = q[s:e].reshape(e - s, kv_heads, group, dim)
+        logits = torch.einsum("qhgd,khd->hgqk", qc, k[:visible]) * sm_scale
+        qpos = torch.arange(s, e, device=q.device) + delta
+        kpos = torch.arange(visible, device=q.device)
+        logits.masked_fill_(kpos[None, :] > qpos[:, None], float("-inf"))
+        lse[s:e] = (torch.logsumexp(logits, dim=-1) * LOG2E).permute(2, 0, 1).reshape(e - s, heads)
+        probs = torch.softmax(logits, dim=-1)
+        out[s:e] = torch.einsum("hgqk,khd->qhgd", probs, v[:visible]).reshape(e - s, heads, -1)
+    return out, lse
+
+
+@torch.no_grad()
+def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor,
+              sm_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    total_q, qo_heads, head_dim = q.shape
+    total_kv, kv_heads, _ = k.shape
+    assert (qo_heads, kv_heads, head_dim) == (QO_HEADS, KV_HEADS, HEAD_DIM)
+    assert total_q == int(qo_indptr[-1]) and total_kv == int(kv_indptr[-1])
+    wide = torch.promote_types(q.dtype, torch.float32)
+    out = torch.empty_like(q)
+    lse = torch.empty((total_q, qo_heads), dtype=wide, device=q.device)
+    qb, kb = qo_indptr.tolist(), kv_indptr.tolist()
+    for b in range(len(qb) - 1):
+        o, l = _causal_attention(q[qb[b]:qb[b + 1]].to(wide), k[kb[b]:kb[b + 1]].to(wide),
+                                 v[kb[b]:kb[b + 1]].to(wide), sm_scale)
+        out[qb[b]:qb[b + 1]] = o.to(q.dtype)
+        lse[qb[b]:qb[b + 1]] = l
+    return out, lse
+
+
+def _indptr(lens, device):
+    return torch.tensor((0,) + tuple(int(x) for x in torch.tensor(lens).cumsum(0)), device=device, dtype=torch.int32)
+
+
+def make_inputs(size: str = "full", device: str = "cuda") -> list:
+    q_lens = Q_LENS[size]
+    kv_lens = [p + n for p, n in zip(PREFIX_LENS[size], q_lens)]
+    q = torch.randn(sum(q_lens), QO_HEADS, HEAD_DIM, device=device, dtype=torch.bfloat16)
+    k = torch.randn(sum(kv_lens), KV_HEADS, HEAD_DIM, device=device, dtype=torch.bfloat16)
+    v = torch.randn(sum(kv_lens), KV_HEADS, HEAD_DIM, device=device, dtype=torch.bfloat16)
+    return [q, k, v, _indptr(q_lens, device), _indptr(kv_lens, device), SM_SCALE]

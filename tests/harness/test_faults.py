@@ -1,0 +1,25 @@
+"""Fault injection on the CPU tier: each fault is survived and the next evaluation is healthy."""
+
+import pytest
+
+from mkb_eval.harness import faults as F
+
+CPU_FAULTS = [f for f in F.FAULTS if f.tier == "any"]
+
+
+@pytest.mark.parametrize("fault", CPU_FAULTS, ids=[f.name for f in CPU_FAULTS])
+def test_fault_survived(fault, tmp_path):
+    row = F.run_fault(fault, "cpu", tmp_path)
+    assert row.status in fault.expect, row
+    assert row.survived, row
+    assert row.leftovers == 0 and row.next_ok, row
+
+
+def test_store_faults_lose_nothing(tmp_path):
+    rows = F.store_faults(tmp_path)
+    torn = rows[0]
+    assert torn.survived and torn.lost == 0, torn
+    full = rows[1]
+    if "could not mount" in full.note:
+        pytest.skip(full.note)
+    assert full.survived and full.lost == 0, full
