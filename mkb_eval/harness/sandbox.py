@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import ctypes
 import os
+import resource
 import secrets
 import shutil
 import signal
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWNET = 0x40000000
@@ -38,11 +40,17 @@ class Sandbox:
     config: SandboxConfig
     cgroups: list[Path] = field(default_factory=list)
     facts: dict[str, str] = field(default_factory=dict)
+    _unshare: Any = None
+    _procs: list[str] = field(default_factory=list)
 
     @classmethod
     def create(cls, config: SandboxConfig) -> Sandbox:
         sb = cls(config)
         sb._make_cgroups()
+        # everything the child needs is prepared here: after fork in a threaded parent the child
+        # must not take locks (no dlopen, no allocation-heavy work)
+        sb._unshare = ctypes.CDLL(None, use_errno=True).unshare
+        sb._procs = [str(d / "cgroup.procs") for d in sb.cgroups]
         sb.facts["uid"] = str(os.getuid())
         return sb
 
@@ -101,19 +109,17 @@ class Sandbox:
     # -- the child side ----------------------------------------------------------------------
     def preexec(self) -> None:
         """Runs in the forked child before exec: join the cgroups, leave the network, set rlimits."""
-        import resource
-
-        pid = str(os.getpid())
-        for d in self.cgroups:
+        pid = str(os.getpid()).encode()
+        for path in self._procs:
             try:
-                (d / "cgroup.procs").write_text(pid)
+                fd = os.open(path, os.O_WRONLY)
+                os.write(fd, pid)
+                os.close(fd)
             except OSError:
                 pass
-        if self.config.isolate_network:
-            libc = ctypes.CDLL(None, use_errno=True)
-            # unprivileged: a user namespace first; if both fail the worker reports a shared network
-            if libc.unshare(CLONE_NEWNET) != 0:
-                libc.unshare(CLONE_NEWUSER | CLONE_NEWNET)
+        if self.config.isolate_network and self._unshare(CLONE_NEWNET) != 0:
+            # unprivileged: a user namespace too; if both fail the worker reports a shared network
+            self._unshare(CLONE_NEWUSER | CLONE_NEWNET)
         resource.setrlimit(resource.RLIMIT_FSIZE, (self.config.max_file_bytes, self.config.max_file_bytes))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
