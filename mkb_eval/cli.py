@@ -89,7 +89,7 @@ def _sweep(args: argparse.Namespace, limits: Any) -> int:
     jobs = sweep.folder_jobs(Path(args.kernels), probs) if args.kernels else sweep.shipped_jobs(probs, dsls)
     jobs = [j for j in jobs if j.dsl in dsls]
     out = Path(args.out or "runs/verify.jsonl")
-    sweep.run_sweep(jobs, out, tier=args.tier, verify_kwargs={
+    sweep.run_sweep(jobs, out, tier=args.tier, parallel=args.parallel, verify_kwargs={
         "size": args.size, "limits": limits, "compile_baseline": not args.no_compile_baseline})
     from mkb_eval.records import read_jsonl
 
@@ -185,6 +185,8 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--all", action="store_true", help="sweep every shipped solution (resumable; see --out)")
     v.add_argument("--problems", help="with --all: comma-separated ids")
     v.add_argument("--kernels", help="sweep a folder of kernels named <NN>_<dsl>.py or <NN>/<dsl>.py")
+    v.add_argument("--parallel", type=int, default=1,
+                   help="sweeps: evaluations at once (timed phases still one per GPU at a time)")
     v.add_argument("--kernel", help="kernel.py (default: the problem's shipped solution for --dsl)")
     v.add_argument("--tier", default="auto", choices=("auto", "gpu", "cpu"))
     v.add_argument("--size", choices=P.SIZES, help="default: full on a GPU, smoke on the CPU tier")

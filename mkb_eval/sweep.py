@@ -62,29 +62,50 @@ def _done_keys(out: Path, tier: str, gpu: str | None) -> set[tuple[str, str, str
     return keys
 
 
-def run_sweep(jobs: list[Job], out: Path, *, tier: str = "auto", verify_kwargs: dict[str, Any] | None = None) -> list[dict]:
-    """Verify every job not already in ``out``; returns the new records. Shows a progress bar."""
+def run_sweep(jobs: list[Job], out: Path, *, tier: str = "auto", verify_kwargs: dict[str, Any] | None = None,
+              parallel: int = 1) -> list[dict]:
+    """Verify every job not already in ``out``; returns the new records. Shows a progress bar.
+
+    With ``parallel`` > 1 evaluations overlap: process start, imports, compilation and
+    correctness run side by side, while each visible GPU's lane lets one timed phase at a time
+    have that GPU (jobs are spread round-robin over the GPUs).
+    """
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
     import torch
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from mkb_eval.harness.lanes import GpuLane
     from mkb_eval.harness.verify import verify
 
     tier = ("gpu" if torch.cuda.is_available() else "cpu") if tier == "auto" else tier
     gpu = torch.cuda.get_device_properties(0).name if tier == "gpu" else None
+    n_gpus = torch.cuda.device_count() if tier == "gpu" else 1
+    lanes = [GpuLane(i) for i in range(max(1, n_gpus))]
     done = _done_keys(out, tier, gpu)
     todo = [j for j in jobs if (j.problem.hash, j.dsl, j.kernel_sha256) not in done]
     new: list[dict] = []
+    lock = threading.Lock()
     cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*cols) as bar:
-        task = bar.add_task(f"verify ({tier}; {len(jobs) - len(todo)} already done)", total=len(todo))
-        for job in todo:
-            bar.update(task, description=f"{job.problem.name[:40]} · {job.dsl}")
-            rec = verify(job.problem, job.dsl, job.kernel, tier=tier, **(verify_kwargs or {})).to_dict()
-            append_jsonl(out, rec)
-            new.append(rec)
-            bar.console.print(f"  {rec['problem'][:44]:44s} {rec['dsl']:8s} {rec['status']:15s} "
-                              f"{_f(rec['timing'].get('kernel_ms'))} ms  x{_f(rec['timing'].get('speedup'), '.2f')}")
-            bar.advance(task)
+        task = bar.add_task(f"verify ({tier}, {parallel} at a time, {len(lanes)} GPU lane(s); "
+                            f"{len(jobs) - len(todo)} already done)", total=len(todo))
+
+        def one(k: int, job: Job) -> None:
+            g = k % len(lanes)
+            rec = verify(job.problem, job.dsl, job.kernel, tier=tier, gpu=g, lane=lanes[g],
+                         **(verify_kwargs or {})).to_dict()
+            with lock:
+                append_jsonl(out, rec)
+                new.append(rec)
+                bar.console.print(f"  {rec['problem'][:44]:44s} {rec['dsl']:8s} {rec['status']:15s} "
+                                  f"{_f(rec['timing'].get('kernel_ms'))} ms  x{_f(rec['timing'].get('speedup'), '.2f')}")
+                bar.advance(task)
+
+        with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
+            for f in [pool.submit(one, k, j) for k, j in enumerate(todo)]:
+                f.result()
     return new
 
 

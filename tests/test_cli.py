@@ -43,3 +43,16 @@ def test_sweep_and_results_table(capsys, tmp_path):
     md = tmp_path / "t.md"
     assert main(["results", str(out), "--tier", "cpu", "--md", str(md)]) == 0
     assert "36_rmsnorm_h128_qwen3_30b_bf16 | tirx | unverified" in md.read_text()
+
+
+def test_parallel_sweep_gives_the_same_records(tmp_path):
+    seq, par = tmp_path / "seq.jsonl", tmp_path / "par.jsonl"
+    base = ["verify", "--all", "--problems", "28,36", "--dsl", "tirx", "--tier", "cpu"]
+    assert main(base + ["--out", str(seq)]) == 0
+    assert main(base + ["--out", str(par), "--parallel", "2"]) == 0
+
+    def key(path):
+        return sorted((r["problem_id"], r["dsl"], r["status"], r["kernel_sha256"], r["problem_hash"])
+                      for r in map(json.loads, path.read_text().splitlines()))
+
+    assert key(seq) == key(par) and len(key(par)) == 2

@@ -26,6 +26,7 @@ import mkb_eval
 from mkb_eval import problems as P
 from mkb_eval.env import describe
 from mkb_eval.harness.channel import read_messages
+from mkb_eval.harness.lanes import GpuLane
 from mkb_eval.harness.policy import check_source
 from mkb_eval.harness.sandbox import Sandbox, SandboxConfig, session_usage
 from mkb_eval.records import Timing, VerificationRecord
@@ -135,17 +136,22 @@ class _Worker:
         return read_messages(self.channel, self.sentinel)
 
     def wait_for(self, kinds: tuple[str, ...], timeout: float) -> tuple[dict[str, Any] | None, str]:
-        """The first message of one of ``kinds``; else (None, 'timeout' | 'exited')."""
+        """The first message of one of ``kinds`` (a kind, or a progress stage); else (None, 'timeout' | 'exited')."""
         deadline = time.monotonic() + timeout
-        while True:
+
+        def found() -> dict[str, Any] | None:
             for m in self.messages():
-                if m.get("kind") in kinds:
-                    return m, "message"
+                if m.get("kind") in kinds or (m.get("kind") == "progress" and m.get("stage") in kinds):
+                    return m
+            return None
+
+        while True:
+            m = found()
+            if m is not None:
+                return m, "message"
             if self.proc.poll() is not None:
-                for m in self.messages():  # a message written just before exit
-                    if m.get("kind") in kinds:
-                        return m, "message"
-                return None, "exited"
+                m = found()                   # a message written just before exit
+                return (m, "message") if m is not None else (None, "exited")
             if time.monotonic() > deadline:
                 return None, "timeout"
             self._watch()
@@ -168,7 +174,10 @@ class _Worker:
             pass
 
     def kill(self) -> None:
-        """End the worker and everything it started (process group, then its cgroups)."""
+        """End the worker and everything it started (process group, then its cgroups). Idempotent."""
+        if getattr(self, "_killed", False):
+            return
+        self._killed = True
         self.kill_group()
         try:
             self.proc.wait(timeout=30)
@@ -205,9 +214,13 @@ class _Worker:
 
 
 def verify(problem: P.Problem | str | int, dsl: str, kernel: str | Path, *, tier: str = "auto",
-           size: str | None = None, device: str = "cuda:0", limits: Limits | None = None,
+           size: str | None = None, gpu: int = 0, lane: GpuLane | None = None, limits: Limits | None = None,
            compile_baseline: bool = True, cache_dir: Path | None = None, keep_dir: bool = False) -> VerificationRecord:
-    """Verify ``kernel`` (a path to kernel.py) for ``problem`` in ``dsl``; never raises for candidate faults."""
+    """Verify ``kernel`` (a path to kernel.py) for ``problem`` in ``dsl``; never raises for candidate faults.
+
+    ``gpu`` picks the device; ``lane`` is that GPU's timing lane when several evaluations run at
+    once (a private one otherwise).
+    """
     if dsl not in P.DSLS:
         raise ValueError(f"unknown DSL '{dsl}' (choose from {', '.join(P.DSLS)})")
     prob = problem if isinstance(problem, P.Problem) else P.find(problem)
@@ -247,7 +260,7 @@ def verify(problem: P.Problem | str | int, dsl: str, kernel: str | Path, *, tier
         if tier == "cpu":
             _run_cpu(rec, prob, dsl, root, limits)
         else:
-            _run_gpu(rec, prob, dsl, root, size, device, limits, compile_baseline, cache_dir)
+            _run_gpu(rec, prob, dsl, root, size, gpu, lane or GpuLane(gpu), limits, compile_baseline, cache_dir)
     finally:
         rec.stages_s["total"] = round(time.perf_counter() - t_start, 3)
         if not keep_dir:
@@ -349,68 +362,108 @@ def _run_cpu(rec: VerificationRecord, prob: P.Problem, dsl: str, root: Path, lim
         rec.sandbox = w.facts()
 
 
-def _run_gpu(rec: VerificationRecord, prob: P.Problem, dsl: str, root: Path, size: str, device: str,
+def _run_gpu(rec: VerificationRecord, prob: P.Problem, dsl: str, root: Path, size: str, gpu: int, lane: GpuLane,
              limits: Limits, compile_baseline: bool, cache_dir: Path) -> None:
-    import torch
+    """Worker start → (lane shared) phase 1 + judging → (lane exclusive) timing + baselines → rechecks."""
+    from mkb_eval.harness.judge import Judge
 
-    from mkb_eval.harness.judge import Judge, compile_baseline_cached
-
-    job = _job(prob, dsl, root, "gpu", size, device)
+    job = _job(prob, dsl, root, "gpu", size, "cuda:0")           # the worker sees one GPU
+    device = f"cuda:{gpu}"
     judge = Judge(prob, size, device)
     out = root / "out"
-    w = _Worker(job, root, limits, {})
+    w = _Worker(job, root, limits, {"CUDA_VISIBLE_DEVICES": _physical_gpu(gpu)})
     try:
         t0 = time.perf_counter()
-        msg, how = w.wait_for(("phase1", "final"), limits.correctness_s)
-        rec.stages_s["worker_phase1"] = round(time.perf_counter() - t0, 3)
+        msg, how = w.wait_for(("ready", "final"), limits.correctness_s)
+        rec.stages_s["worker_start"] = round(time.perf_counter() - t0, 3)
         if not msg or msg["kind"] == "final":
             _fail_from_worker(rec, w, how, limits.correctness_s)
             return
-        rec.stages_s.update(import_s=round(msg["import_s"], 3), first_call_s=round(msg["first_call_s"], 3),
-                            correctness_draws_s=round(msg["correctness_s"], 3))
-        t0 = time.perf_counter()
-        for d in msg["draws"]:
-            bad = judge.check(job["correctness_seeds"][d["draw"]], out / f"corr_{d['draw']}.pt", d["input_digests"])
-            if bad:
-                reused = " (inputs refilled in the previous draw's buffers)" if d["draw"] in REUSE_DRAWS else ""
-                rec.status, rec.stage = "incorrect", "correctness"
-                rec.message = f"correctness draw {d['draw'] + 1} of {CORRECTNESS_DRAWS}{reused}: {bad}"
-                rec.correctness.update(draws_passed=d["draw"], max_error=bad.max_error, allowance=bad.allowance)
+        with lane.shared():
+            w.open_gate(True)
+            t0 = time.perf_counter()
+            msg, how = w.wait_for(("phase1", "final"), limits.correctness_s)
+            rec.stages_s["worker_phase1"] = round(time.perf_counter() - t0, 3)
+            if not msg or msg["kind"] == "final":
+                _fail_from_worker(rec, w, how, limits.correctness_s)
                 return
-        addrs = [tuple(d["addresses"]) for d in msg["draws"]]
-        rec.correctness.update(draws_passed=CORRECTNESS_DRAWS, launches=[d["launches"] for d in msg["draws"]],
-                               distinct_input_addresses=len(set(addrs)))
-        if msg["nodsl"] == "returned" and judge.check(job["nodsl_seed"], out / "nodsl.pt") is None:
-            rec.status, rec.stage = "no_dsl_kernel", "dsl_dependence"
-            rec.message = ("the output is still correct with every DSL launch suppressed and free memory poisoned: "
-                           "the DSL kernel does not compute the result")
-            return
-        rec.correctness["dsl_dependence"] = f"fails without the DSL ({msg['nodsl']})"
-        rec.stages_s["judge_correctness"] = round(time.perf_counter() - t0, 3)
-
-        w.open_gate(True)
-        t0 = time.perf_counter()
-        fin, how = w.wait_for(("final",), limits.timing_s)
-        rec.stages_s["worker_timing"] = round(time.perf_counter() - t0, 3)
-        if not fin or fin["status"] != "timed":
-            _fail_from_worker(rec, w, how, limits.timing_s)
-            return
+            if not _judge_phase1(rec, judge, job, msg, out):
+                return
+        with lane.exclusive():
+            w.open_gate(True)
+            t0 = time.perf_counter()
+            fin, how = w.wait_for(("final",), limits.timing_s)
+            rec.stages_s["worker_timing"] = round(time.perf_counter() - t0, 3)
+            if not fin or fin["status"] != "timed":
+                _fail_from_worker(rec, w, how, limits.timing_s)
+                return
+            w.kill()
+            timing = _baselines(rec, prob, judge, job, size, fin, compile_baseline, cache_dir)
     finally:
         w.kill()
         rec.stdout_tail, rec.stderr_tail = _tail(w.stdout), _tail(w.stderr)
         rec.stages_s.update(_stage_times(w))
         rec.sandbox = w.facts()
+    with lane.shared():
+        if not _judge_rechecks(rec, judge, job, out):
+            return
+    rec.timing = timing
+    rec.status, rec.stage = "ok", "done"
+    rec.message = (f"passed {CORRECTNESS_DRAWS} draws + {RECHECKS} timed rechecks; {timing.kernel_ms:.4f} ms vs eager "
+                   f"{timing.eager_ms:.4f} ms ({timing.speedup:.2f}x)")
 
+
+def _physical_gpu(index: int) -> str:
+    """The CUDA_VISIBLE_DEVICES entry for this process's GPU ``index`` (respects an inherited mask)."""
+    mask = [x for x in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if x.strip()]
+    return mask[index] if index < len(mask) else str(index)
+
+
+def _judge_phase1(rec: VerificationRecord, judge: Any, job: dict[str, Any], msg: dict[str, Any], out: Path) -> bool:
+    """Correctness of the 5 draws and the DSL-dependence draw; False (status set) when they fail."""
+    rec.stages_s.update(import_s=round(msg["import_s"], 3), first_call_s=round(msg["first_call_s"], 3),
+                        correctness_draws_s=round(msg["correctness_s"], 3))
+    t0 = time.perf_counter()
+    for d in msg["draws"]:
+        bad = judge.check(job["correctness_seeds"][d["draw"]], out / f"corr_{d['draw']}.pt", d["input_digests"])
+        if bad:
+            reused = " (inputs refilled in the previous draw's buffers)" if d["draw"] in REUSE_DRAWS else ""
+            rec.status, rec.stage = "incorrect", "correctness"
+            rec.message = f"correctness draw {d['draw'] + 1} of {CORRECTNESS_DRAWS}{reused}: {bad}"
+            rec.correctness.update(draws_passed=d["draw"], max_error=bad.max_error, allowance=bad.allowance)
+            return False
+    addrs = [tuple(d["addresses"]) for d in msg["draws"]]
+    rec.correctness.update(draws_passed=CORRECTNESS_DRAWS, launches=[d["launches"] for d in msg["draws"]],
+                           distinct_input_addresses=len(set(addrs)))
+    if msg["nodsl"] == "returned" and judge.check(job["nodsl_seed"], out / "nodsl.pt") is None:
+        rec.status, rec.stage = "no_dsl_kernel", "dsl_dependence"
+        rec.message = ("the output is still correct with every DSL launch suppressed and free memory poisoned: "
+                       "the DSL kernel does not compute the result")
+        return False
+    rec.correctness["dsl_dependence"] = f"fails without the DSL ({msg['nodsl']})"
+    rec.stages_s["judge_correctness"] = round(time.perf_counter() - t0, 3)
+    return True
+
+
+def _judge_rechecks(rec: VerificationRecord, judge: Any, job: dict[str, Any], out: Path) -> bool:
+    """The 3 timed outputs chosen at random; False (status set) when one is wrong."""
     t0 = time.perf_counter()
     for i in job["recheck"]:
         bad = judge.check(job["timing_seeds"][i], out / f"time_{i}.pt")
         if bad:
             rec.status, rec.stage = "incorrect", "timing_recheck"
             rec.message = f"timed draw {i + 1} of {TIMING_DRAWS} (re-checked at random): {bad}"
-            return
+            return False
     rec.stages_s["judge_rechecks"] = round(time.perf_counter() - t0, 3)
+    return True
 
+
+def _baselines(rec: VerificationRecord, prob: P.Problem, judge: Any, job: dict[str, Any], size: str,
+               fin: dict[str, Any], compile_baseline: bool, cache_dir: Path) -> Timing:
+    """Kernel timing summary plus eager and torch.compile baselines (same GPU, same seeds)."""
     import statistics
+
+    from mkb_eval.harness.judge import compile_baseline_cached
 
     times = fin["times_ms"]
     t = Timing(kernel_ms=float(statistics.median(times)), kernel_device_ms=fin.get("device_ms"),
@@ -436,11 +489,6 @@ def _run_gpu(rec: VerificationRecord, prob: P.Problem, dsl: str, root: Path, siz
     if size == "full":
         t.sol_ms = prob.sol.sol_ms
         t.sol_fraction = t.sol_ms / t.kernel_ms
-        dev = t.kernel_device_ms or t.kernel_ms
-        if dev < SOL_SLACK * t.sol_ms:
+        if (t.kernel_device_ms or t.kernel_ms) < SOL_SLACK * t.sol_ms:
             rec.flags.append("implausible_speedup")
-    rec.timing = t
-    rec.status, rec.stage = "ok", "done"
-    rec.message = (f"passed {CORRECTNESS_DRAWS} draws + {RECHECKS} timed rechecks; {t.kernel_ms:.4f} ms vs eager "
-                   f"{t.eager_ms:.4f} ms ({t.speedup:.2f}x)")
-    del torch
+    return t

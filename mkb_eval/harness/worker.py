@@ -2,8 +2,9 @@
 
 It makes inputs from the seeds it is given, calls ``solve``, and hands outputs to the parent
 through files; it never computes an expected output, so nothing in this process can find one.
-Phase 1 (correctness draws + the DSL-dependence draw) ends by waiting on a gate: the parent
-judges, then lets the timed phase run or stops the worker. Usage:
+Two gates: after start-up and imports the worker waits until its GPU's lane admits correctness
+work; phase 1 (correctness draws + the DSL-dependence draw) then ends by waiting again while the
+parent judges and waits for the GPU to be free for timing. Usage:
 ``python -m mkb_eval.harness.worker -`` with the job as JSON on stdin.
 """
 
@@ -148,6 +149,11 @@ def run(job: dict[str, Any], chan: Channel, progress: Any) -> dict[str, Any]:
     if tier == "cpu":
         return _cpu_tier(job, make, call, log, progress, import_s)
 
+    # ---- gate 1: start and imports overlap anything; GPU work waits for the GPU's lane ----------
+    progress("ready")
+    if os.read(job["gate_fd"], 2) != b"go":
+        return {"status": "stopped", "message": "stopped by the parent before phase 1"}
+
     # ---- phase 1: correctness draws --------------------------------------------------------
     draws: list[dict[str, Any]] = []
     prev: list[Any] | None = None
@@ -201,7 +207,7 @@ def run(job: dict[str, Any], chan: Channel, progress: Any) -> dict[str, Any]:
     chan.send(kind="phase1", stage="correctness", draws=draws, nodsl=nodsl, poisoned_bytes=poisoned,
               import_s=import_s, first_call_s=first_call_s, correctness_s=corr_s)
     # ---- gate: the parent judges phase 1 ----------------------------------------------------
-    gate = os.read(job["gate_fd"], 16)
+    gate = os.read(job["gate_fd"], 2)
     if gate != b"go":
         return {"status": "stopped", "message": "stopped by the parent after phase 1"}
 

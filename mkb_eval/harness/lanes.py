@@ -1,0 +1,52 @@
+"""One timing lane per GPU: many evaluations may share a GPU for correctness work, but a timed
+phase has the GPU to itself.
+
+A shared holder (correctness draws, judging) and an exclusive holder (timing, baselines) never
+overlap on the same GPU; CPU-only work (process start, imports) needs no lane at all. Writers
+are preferred, so timing is not starved by a stream of correctness work.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+
+
+class GpuLane:
+    """A readers-writer lock for one GPU."""
+
+    def __init__(self, index: int = 0) -> None:
+        self.index = index
+        self._cond = threading.Condition()
+        self._shared = 0
+        self._exclusive = False
+        self._waiting_exclusive = 0
+
+    @contextlib.contextmanager
+    def shared(self) -> Iterator[None]:
+        with self._cond:
+            while self._exclusive or self._waiting_exclusive:
+                self._cond.wait()
+            self._shared += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._shared -= 1
+                self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        with self._cond:
+            self._waiting_exclusive += 1
+            while self._exclusive or self._shared:
+                self._cond.wait()
+            self._waiting_exclusive -= 1
+            self._exclusive = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._exclusive = False
+                self._cond.notify_all()

@@ -1,0 +1,42 @@
+"""The GPU lane: shared holders overlap, an exclusive holder never overlaps anyone."""
+
+import threading
+import time
+
+from mkb_eval.harness.lanes import GpuLane
+
+
+def test_exclusive_never_overlaps_shared():
+    lane = GpuLane()
+    state = {"shared": 0, "exclusive": 0, "max_shared": 0, "violations": 0}
+    mu = threading.Lock()
+
+    def reader():
+        for _ in range(20):
+            with lane.shared():
+                with mu:
+                    state["shared"] += 1
+                    state["max_shared"] = max(state["max_shared"], state["shared"])
+                    state["violations"] += state["exclusive"] > 0
+                time.sleep(0.001)
+                with mu:
+                    state["shared"] -= 1
+
+    def writer():
+        for _ in range(10):
+            with lane.exclusive():
+                with mu:
+                    state["exclusive"] += 1
+                    state["violations"] += state["shared"] > 0 or state["exclusive"] > 1
+                time.sleep(0.002)
+                with mu:
+                    state["exclusive"] -= 1
+
+    threads = [threading.Thread(target=reader) for _ in range(4)] + [threading.Thread(target=writer) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert not any(t.is_alive() for t in threads), "deadlock"
+    assert state["violations"] == 0
+    assert state["max_shared"] > 1            # readers really ran side by side
