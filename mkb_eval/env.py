@@ -19,6 +19,13 @@ def _version(dist: str) -> str | None:
 
 @functools.lru_cache(maxsize=1)
 def git_commit() -> dict[str, Any]:
+    """The source commit: ``MKB_GIT_COMMIT`` (for copies without .git, e.g. on a GPU host), else git."""
+    import os
+    import re
+
+    given = os.environ.get("MKB_GIT_COMMIT", "")
+    if re.fullmatch(r"[0-9a-f]{40}", given):
+        return {"commit": given, "dirty": os.environ.get("MKB_GIT_DIRTY") == "1"}
     root = Path(__file__).resolve().parent.parent
     try:
         sha = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
@@ -27,7 +34,9 @@ def git_commit() -> dict[str, Any]:
                                     capture_output=True, text=True, timeout=5).stdout.strip())
     except (OSError, subprocess.SubprocessError):
         return {}
-    return {"commit": sha or None, "dirty": dirty}
+    if not re.fullmatch(r"[0-9a-f]{40}", sha):
+        return {"commit": None, "dirty": None}
+    return {"commit": sha, "dirty": dirty}
 
 
 def describe(gpu: bool = True) -> dict[str, Any]:
