@@ -5,6 +5,7 @@
     print(rec.status, rec.timing.speedup)
 """
 
+from mkb_eval.dataset import load_dataset
 from mkb_eval.harness.verify import Limits, verify, verify_source
 from mkb_eval.metrics import read_attempts, score
 from mkb_eval.problems import Problem, ProblemError, find, load_all, load_problem
@@ -20,6 +21,7 @@ __all__ = [
     "__version__",
     "append_jsonl",
     "find",
+    "load_dataset",
     "load_all",
     "load_problem",
     "read_attempts",

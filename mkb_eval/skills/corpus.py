@@ -31,7 +31,8 @@ def schema(name: str) -> dict[str, Any]:
     path = SCHEMA_DIR / f"{name}.schema.json"
     if not path.is_file():
         raise SkillError(f"{path}: schema not found")
-    return json.loads(path.read_bytes().decode("utf-8"))
+    loaded: dict[str, Any] = json.loads(path.read_bytes().decode("utf-8"))
+    return loaded
 
 
 def schema_errors(instance: Any, name: str) -> list[str]:
@@ -68,7 +69,8 @@ def parse_skill_file(path: Path, corpus: Path) -> Skill:
     meta, body = split_front_matter(path.read_bytes().decode("utf-8"), str(path))
     errors = schema_errors(meta, "skill")
     if errors:
-        raise SkillError(f"{path}: front matter {errors[0]}" + (f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""))
+        more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
+        raise SkillError(f"{path}: front matter {errors[0]}{more}")
     skill = Skill(
         origin=f"corpus:{rel}", model=meta["model"], problem_id=meta["problem"], direction=meta["direction"],
         source_verdict=meta["source_verdict"], text=body, replicate=meta.get("replicate"),
@@ -123,7 +125,8 @@ def render_release(skill: Skill, dataset_version: str) -> str:
     errors = schema_errors(meta, "skill")
     if errors:
         raise SkillError(f"{skill.origin}: cannot release: {errors[0]}")
-    return "---\n" + yaml.safe_dump(meta, sort_keys=False, allow_unicode=True) + "---\n" + skill.text
+    front = str(yaml.safe_dump(meta, sort_keys=False, allow_unicode=True))
+    return "---\n" + front + "---\n" + skill.text
 
 
 def release_name(skill: Skill) -> str:
@@ -139,7 +142,7 @@ def write_release(skills: Iterable[Skill], dest: Path, dataset_version: str) -> 
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise SkillError(f"two skills would be released as {dupes[0]}")
-    rendered = [(dest / n, render_release(s, dataset_version)) for s, n in zip(skills, names)]
+    rendered = [(dest / n, render_release(s, dataset_version)) for s, n in zip(skills, names, strict=True)]
     for path, text in rendered:
         if path.exists() and path.read_bytes() != text.encode("utf-8"):
             raise SkillError(f"{path}: exists with different content; not overwritten")

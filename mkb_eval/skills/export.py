@@ -60,7 +60,8 @@ def _outcome(skill: Skill) -> dict[str, Any]:
             "base_status": o.base_status, "base_speedup": o.base_speedup}
 
 
-def _eligible(skills: Iterable[Skill], include_flagged: bool, left_out: dict[str, int]) -> list[tuple[Skill, list[str]]]:
+def _eligible(skills: Iterable[Skill], include_flagged: bool,
+              left_out: dict[str, int]) -> list[tuple[Skill, list[str]]]:
     out = []
     for s in skills:
         flags = _flags(s)

@@ -26,8 +26,8 @@ def render_index(skills: Sequence[Skill]) -> str:
         harmed = sum(s.verdict == "harmed" for s in skills)
         flagged = sum(bool(check_text(s.text)) for s in skills)
         lines.append(f"{len(skills)} skills: {helped} helped, {harmed} harmed, {flagged} flagged by the leak check.")
-        lines += ["", "| file | model | problem | direction | source verdict | outcome | leak flags | released in | sha256 |",
-                  "|---|---|---:|---|---|---|---|---|---|"]
+        lines += ["", "| file | model | problem | direction | source verdict | outcome | leak flags | released in "
+                      "| sha256 |", "|---|---|---:|---|---|---|---|---|---|"]
         for s in sorted(skills, key=lambda s: s.origin):
             rel = s.origin.removeprefix("corpus:")
             flags = ", ".join(f.tag for f in check_text(s.text)) or "-"

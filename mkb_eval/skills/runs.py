@@ -13,7 +13,8 @@ counts (``archive/`` is skipped: it holds superseded artifacts); two such folder
 coordinate are an error. Inside a trial folder the shallowest ``SKILL.md``/``kernel.py`` wins.
 The latest record per (model, trial) counts, as in the metrics. When a record carries
 ``skill_md_sha256`` or ``final_kernel_sha256`` (the agent's extras), the files must still match
-them: a file changed after its record is refused rather than released.
+them (the store writes SKILL.md as the hashed text plus a newline): a file changed after its
+record is refused rather than released.
 """
 
 from __future__ import annotations
@@ -95,7 +96,8 @@ def trial_folders(run: Path) -> dict[str, list[Path]]:
     return out
 
 
-def _trial_dir(run: Path, raw: Mapping[str, Any], trial: str, folders: dict[str, list[Path]], where: str) -> Path | None:
+def _trial_dir(run: Path, raw: Mapping[str, Any], trial: str, folders: dict[str, list[Path]],
+               where: str) -> Path | None:
     rel = raw.get("trial_dir")
     if rel is not None:
         d = (run / str(rel)).resolve()
@@ -107,17 +109,21 @@ def _trial_dir(run: Path, raw: Mapping[str, Any], trial: str, folders: dict[str,
         return canonical
     dirs = folders.get(trial, [])
     if len(dirs) > 1:
-        raise SkillError(f"{where}: trial {trial} has {len(dirs)} folders ({', '.join(str(d.relative_to(run)) for d in dirs)}); "
-                         f"give each record a trial_dir")
+        names = ", ".join(str(d.relative_to(run)) for d in dirs)
+        raise SkillError(f"{where}: trial {trial} has {len(dirs)} folders ({names}); give each record a trial_dir")
     return dirs[0] if dirs else None
 
 
 def _check_recorded_hash(raw: Mapping[str, Any], key: str, path: Path | None, where: str) -> None:
+    """The file must still be what the record hashed (the store writes SKILL.md with one added newline)."""
     want = raw.get(key)
     if not isinstance(want, str) or path is None:
         return
-    have = hashlib.sha256(path.read_bytes().decode("utf-8", errors="replace").encode()).hexdigest()
-    if have != want:
+    text = path.read_bytes().decode("utf-8", errors="replace")
+    candidates = [text] + ([text[:-1]] if text.endswith("\n") else [])
+    digests = [hashlib.sha256(t.encode()).hexdigest() for t in candidates]
+    if want not in digests:
+        have = digests[0]
         raise SkillError(f"{where}: {path.name} of trial {raw.get('trial')} has sha256 {have[:12]}... but its "
                          f"record says {key} {want[:12]}... (changed after the attempt?)")
 

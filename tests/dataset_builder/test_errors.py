@@ -4,7 +4,6 @@ import json
 import shutil
 from pathlib import Path
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -38,9 +37,11 @@ def test_a_card_whose_config_points_nowhere_is_named(copy_of: Path, tmp_path: Pa
     ("---\nlicense: mit\n---\n", "has no 'configs:' list"),
     ("---\nconfigs:\n- data_files: x\n---\n", "needs a config_name"),
     ("---\nconfigs:\n- config_name: a\n  data_files:\n  - split: t\n    path: /etc/passwd\n---\n", "absolute path"),
-    ("---\nconfigs:\n- config_name: a\n  data_files:\n  - split: t\n    path: ../*/README.md\n---\n", "outside the folder"),
+    ("---\nconfigs:\n- config_name: a\n  data_files:\n  - split: t\n    path: ../outside.parquet\n---\n",
+     "points outside the folder"),
 ])
 def test_card_faults(copy_of: Path, card: str | None, message: str):
+    (copy_of.parent / "outside.parquet").write_bytes(b"")
     if card is None:
         (copy_of / "README.md").unlink()
     else:
@@ -54,7 +55,7 @@ def test_a_rewritten_but_readable_file_fails_the_hash_check(copy_of: Path):
     t = pq.read_table(f)
     pq.write_table(t.slice(0, 1), f)
     check_folder(copy_of)                                         # still a readable folder...
-    with pytest.raises(DatasetError, match="sha256 differs from manifest.json"):
+    with pytest.raises(DatasetError, match=r"sha256 differs from manifest.json"):
         check_folder(copy_of, verify_hashes=True)                 # ...but not the one that was built
 
 
@@ -82,7 +83,8 @@ def test_build_input_faults(tmp_path: Path, built: Built):
         (dict(version="1.0.0", configs=("tasks",)), "'problems' config is always built"),
         (dict(version="1.0.0", problem_ids=(28, 98)), r"no problem\(s\) \[98\]"),
         (dict(version="1.0.0", previous=tmp_path), "--previous: .*manifest.json: missing"),
-        (dict(version="1.0.0", configs=("problems", "solutions"), results_root=tmp_path / "none"), "results folder not found"),
+        (dict(version="1.0.0", configs=("problems", "solutions"), results_root=tmp_path / "none"),
+         "results folder not found"),
         (dict(version="1.0.0", configs=("problems", "attempts"), runs=(tmp_path,)), "not a run folder"),
     ]
     for kw, message in cases:
@@ -96,7 +98,7 @@ def test_a_failed_rebuild_keeps_the_previous_build(copy_of: Path, tmp_path: Path
     before = {p: p.read_bytes() for p in copy_of.rglob("*") if p.is_file()}
     run = tmp_path / "bad-run"
     run.mkdir()
-    (run / "attempts.jsonl").write_text('{"trial": "p28_r1_solo_tirx", "status": "ok"}\n{"torn')
+    (run / "attempts.jsonl").write_text('{"trial": "p28_r1_solo_tirx", "status": "ok", "speedup": 2.0}\n{"torn')
     with pytest.raises(BuildError, match=r"attempts.jsonl:2: malformed JSON"):
         build_dataset(BuildOptions(out=copy_of, version="1.0.1", configs=("problems", "attempts"), problem_ids=(28,),
                                    runs=(run,), previous=copy_of))
@@ -133,7 +135,7 @@ def test_records_of_another_kernel_are_not_joined(tmp_path: Path):
     rec = {"kind": "verification", "tier": "gpu", "problem_id": 28, "dsl": "tirx", "problem_hash": p.hash,
            "kernel_sha256": "f" * 64, "status": "ok", "env": {"gpu": "NVIDIA H200"}, "timing": {"kernel_ms": 0.1}}
     (res / "verify.jsonl").write_text(json.dumps(rec) + "\n" + json.dumps({**rec, "tier": "cpu"}) + "\n")
-    rows = [r for r in solution_rows([p], read_results(tmp_path / "results"), tmp_path) if r["dsl"] == "tirx"]
+    rows = [r for r in solution_rows([p], read_results(tmp_path / "results")) if r["dsl"] == "tirx"]
     assert len(rows) == 1 and rows[0]["verified"] is False and rows[0]["gpu"] is None
     assert rows[0]["note"] == ("no GPU verification record for this kernel and problem version "
                                "(1 record(s) of other kernel or problem versions not used)")

@@ -95,7 +95,7 @@ def test_tasks_config_fails_clearly_without_the_prompt_renderer(monkeypatch):
     from dataset_builder.sources.tasks import task_rows
 
     monkeypatch.setitem(sys.modules, "mkb_eval.agent.prompts", None)      # as if the module did not exist
-    with pytest.raises(BuildError, match="config 'tasks' needs mkb_eval.agent.prompts.render_task"):
+    with pytest.raises(BuildError, match=r"config 'tasks' needs mkb_eval.agent.prompts.render_task"):
         task_rows([P.find(28)])
 
 
@@ -123,7 +123,8 @@ def test_the_worker_runs_in_a_child_and_records_a_failing_reference(tmp_path: Pa
     dest = root / src.parent.name / src.name
     shutil.copytree(src, dest)
     ref = dest / "reference.py"
-    ref.write_text(ref.read_text().replace("def reference(", "def reference(*_a, **_k):\n    raise RuntimeError('boom')\n\n\ndef _unused("))
+    failing = "def reference(*_a, **_k):\n    raise RuntimeError('boom')\n\n\ndef _unused("
+    ref.write_text(ref.read_text().replace("def reference(", failing))
     [row] = reference_rows([P.find(36, root)], seeds=(0,), problems_root=root)
     assert row["ok"] is False and row["outputs"] == [] and row["sha256"] is None
     assert row["error"].startswith("RuntimeError: boom")

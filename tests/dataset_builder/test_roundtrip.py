@@ -68,6 +68,7 @@ def test_solution_rows_join_the_shipped_kernels_with_their_gpu_records(built: Bu
         p = P.find(r["problem_id"])
         path = p.solution_path(r["dsl"])
         assert r["kernel_source"].encode() == path.read_bytes()
+        assert r["kernel_path"] == f"problems/{p.family}/{p.name}/solutions/{r['dsl']}.py"
         assert r["kernel_sha256"] == hashlib.sha256(path.read_text().encode()).hexdigest()
         same = [x for x in records if (x["problem_id"], x["dsl"], x["kernel_sha256"], x["problem_hash"])
                 == (p.id, r["dsl"], r["kernel_sha256"], p.hash)]

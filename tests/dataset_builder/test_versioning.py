@@ -50,7 +50,7 @@ def test_changelog_entry_enforces_the_bump_and_accumulates():
             "changelog": [{"version": "1.0.0", "previous": None, "changes": ["initial release: 1 problems"]}]}
     assert changelog_entry(Version(1, 0, 0), prev, probs, {"problems": 1})["changes"] == ["no changes"]
     changed = {"01": _entry("a2", {"cutedsl": "k", "tirx": None})}
-    with pytest.raises(BuildError, match="need at least a major version bump from 1.0.0, but 1.1.0 is a minor"):
+    with pytest.raises(BuildError, match=r"need at least a major version bump from 1.0.0, but 1.1.0 is a minor"):
         changelog_entry(Version(1, 1, 0), prev, changed, {"problems": 1})
     with pytest.raises(BuildError, match="already built with different content"):
         changelog_entry(Version(1, 0, 0), prev, probs, {"problems": 1, "attempts": 5})
@@ -85,7 +85,8 @@ def test_a_rebuild_after_problem_changes_writes_a_generated_changelog(tmp_path: 
         f"problem 25 ({n25}) added", f"problem 36 ({n36}): definition", "problems: 2 -> 3 rows"]}
     m = read_manifest(v2)
     assert [e["version"] for e in m["changelog"]] == ["2.0.0", "1.0.0"]
-    assert m["problems"]["36"]["problem_hash"] == P.find(36, root).hash != read_manifest(v1)["problems"]["36"]["problem_hash"]
+    old_hash = read_manifest(v1)["problems"]["36"]["problem_hash"]
+    assert m["problems"]["36"]["problem_hash"] == P.find(36, root).hash != old_hash
     card = (v2 / "README.md").read_text()
     assert "### 2.0.0 (from 1.0.0)" in card and f"- problem 36 ({n36}): definition" in card and "### 1.0.0" in card
     assert "dataset_version: 2.0.0" in card
@@ -102,3 +103,13 @@ def test_the_previous_build_may_be_replaced_in_place(tmp_path: Path):
     assert res.changelog_entry["changes"] == [f"problem 36 ({P.find(36, root).name}): tirx solution changed"]
     assert read_manifest(out)["dataset_version"] == "1.0.1"
     assert sorted(p.name for p in out.parent.iterdir()) == ["metakernelbench", "problems"]   # no staging left
+
+
+def test_solution_hash_matches_the_verifiers_text_hash(tmp_path: Path):
+    import hashlib
+
+    from dataset_builder.versioning import source_sha256
+
+    f = tmp_path / "k.py"
+    f.write_bytes(b"def solve(*x):\r\n    return x[0]\r\n")
+    assert source_sha256(f.read_bytes()) == hashlib.sha256(f.read_text(errors="replace").encode()).hexdigest()

@@ -20,7 +20,7 @@ def test_released_file_round_trips(corpus_dir: Path):
 def test_edited_text_no_longer_matches_its_sha256(corpus_dir: Path):
     [path] = corpus_files(corpus_dir)
     path.write_text(path.read_text() + "- one more line\n")
-    with pytest.raises(SkillError, match="sha256 .* differs"):
+    with pytest.raises(SkillError, match=r"sha256 .* differs"):
         read_corpus(corpus_dir)
 
 

@@ -46,7 +46,7 @@ def test_dpo_pairs_helped_against_harmed_for_the_same_problem_and_direction(run_
     validate(res.records, "dpo")
     with_flagged = dpo_records(skills, problems, include_flagged=True)
     assert len(with_flagged.records) == 2                          # the code-carrying skill is a rejected side
-    flagged = [r for r in with_flagged.records if r["meta"]["direction"] == "cutedsl2tirx"][0]
+    flagged = next(r for r in with_flagged.records if r["meta"]["direction"] == "cutedsl2tirx")
     assert flagged["meta"]["rejected"]["leak_flags"] == ["code_block@3"]
 
 
@@ -57,7 +57,7 @@ def test_a_record_that_breaks_the_schema_is_refused_and_nothing_is_written(run_d
     skills = run_skills(read_run(run_dir))
     good = sft_records(skills, problems)
     broken = [{**good.records[0], "completion": ""}]
-    with pytest.raises(SkillError, match="sft record 0 .*completion"):
+    with pytest.raises(SkillError, match=r"sft record 0 .*completion"):
         validate(broken, "sft")
     monkeypatch.setattr(E, "sft_records", lambda *a, **k: E.ExportResult(tuple(broken), {}))
     out = tmp_path / "x.jsonl"

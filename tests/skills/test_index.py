@@ -8,7 +8,7 @@ from mkb_eval.skills.model import SkillError
 
 
 def test_the_committed_corpus_index_is_current():
-    new, changed = update_readme(CORPUS_ROOT / "README.md", read_corpus(CORPUS_ROOT))
+    _, changed = update_readme(CORPUS_ROOT / "README.md", read_corpus(CORPUS_ROOT))
     assert not changed, "skills_corpus/README.md index is stale: run `mkb skills index`"
 
 

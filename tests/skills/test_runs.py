@@ -44,7 +44,7 @@ def test_archived_artifacts_are_not_a_second_trial_folder(run_dir: Path):
 
 def test_a_skill_changed_after_its_record_is_refused(run_dir: Path):
     (run_dir / "trials" / "p28_r1_solo_tirx" / "SKILL.md").write_text("- rewritten later\n")
-    with pytest.raises(SkillError, match="SKILL.md of trial p28_r1_solo_tirx .* record says skill_md_sha256"):
+    with pytest.raises(SkillError, match=r"SKILL.md of trial p28_r1_solo_tirx .* record says skill_md_sha256"):
         read_run(run_dir)
 
 
@@ -55,7 +55,7 @@ def test_folders_found_by_name_outside_the_store_layout(tmp_path: Path):
         (run / d / "SKILL.md").write_text("- x\n")
     rec = {"schema_version": 1, "kind": "attempt", "trial": "p28_r1_solo_tirx", "status": "ok", "speedup": 2.0}
     (run / "attempts.jsonl").write_text(json.dumps(rec) + "\n")
-    with pytest.raises(SkillError, match="has 2 folders .* give each record a trial_dir"):
+    with pytest.raises(SkillError, match=r"has 2 folders .* give each record a trial_dir"):
         read_run(run)
     (run / "attempts.jsonl").write_text(json.dumps({**rec, "trial_dir": "models/b/ef34ab_p28_r1_solo_tirx"}) + "\n")
     assert read_run(run).attempts[0].skill == run / "models/b/ef34ab_p28_r1_solo_tirx/SKILL.md"

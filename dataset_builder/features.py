@@ -1,0 +1,228 @@
+"""The seven configs of the dataset: explicit ``datasets.Features`` plus their documentation.
+
+Features are code (they are the schema the parquet files carry and ``datasets`` reads back);
+the split name, the prose description and the description of every column are data in
+``schema/configs.yaml``, which the card renders. ``config_specs()`` joins the two and refuses a
+column documented but not typed, or typed but not documented.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import datasets
+import yaml
+
+from dataset_builder.errors import BuildError
+
+V = datasets.Value
+L = datasets.List
+
+CONFIG_NAMES = ("problems", "tasks", "solutions", "baselines", "reference_outputs", "attempts", "skills")
+SCHEMA_FILE = Path(__file__).resolve().parent / "schema" / "configs.yaml"
+
+_TIMING = {
+    "kernel_ms": V("float64"),
+    "kernel_device_ms": V("float64"),
+    "kernel_cv": V("float64"),
+    "eager_ms": V("float64"),
+    "compile_ms": V("float64"),
+    "speedup": V("float64"),
+    "speedup_vs_compile": V("float64"),
+    "sol_ms": V("float64"),
+    "sol_fraction": V("float64"),
+}
+
+FEATURES: dict[str, datasets.Features] = {
+    "problems": datasets.Features({
+        "problem_id": V("int32"),
+        "problem": V("string"),
+        "slug": V("string"),
+        "family": V("string"),
+        "dtype": V("string"),
+        "description": V("string"),
+        "docstring": V("string"),
+        "reference_path": V("string"),
+        "reference_source": V("string"),
+        "problem_yaml": V("string"),
+        "sizes_json": V("string"),
+        "tolerance_factor": V("float64"),
+        "mutates": L(V("int32")),
+        "provenance_source": V("string"),
+        "provenance_notes": V("string"),
+        "license": V("string"),
+        "sol_flops": V("float64"),
+        "sol_bytes": V("float64"),
+        "sol_rate": V("string"),
+        "sol_bound": V("string"),
+        "sol_ms": V("float64"),
+        "solution_dsls": L(V("string")),
+        "problem_hash": V("string"),
+        "fingerprint": V("string"),
+        "dataset_version": V("string"),
+    }),
+    "tasks": datasets.Features({
+        "task_id": V("string"),
+        "problem_id": V("int32"),
+        "problem": V("string"),
+        "dsl": V("string"),
+        "prompt": V("string"),
+        "prompt_sha256": V("string"),
+        "prompt_version": V("string"),
+        "problem_hash": V("string"),
+        "dataset_version": V("string"),
+    }),
+    "solutions": datasets.Features({
+        "problem_id": V("int32"),
+        "problem": V("string"),
+        "dsl": V("string"),
+        "kernel_path": V("string"),
+        "kernel_source": V("string"),
+        "kernel_sha256": V("string"),
+        "problem_hash": V("string"),
+        "gpu": V("string"),
+        "gpu_name": V("string"),
+        "verified": V("bool"),
+        "status": V("string"),
+        "message": V("string"),
+        "tier": V("string"),
+        "size": V("string"),
+        **_TIMING,
+        "n_timed": V("int32"),
+        "draws_passed": V("int32"),
+        "created_at": V("string"),
+        "env_json": V("string"),
+        "record_json": V("string"),
+        "note": V("string"),
+        "dataset_version": V("string"),
+    }),
+    "baselines": datasets.Features({
+        "problem_id": V("int32"),
+        "problem": V("string"),
+        "problem_hash": V("string"),
+        "gpu": V("string"),
+        "gpu_name": V("string"),
+        "size": V("string"),
+        "eager_ms": V("float64"),
+        "compile_ms": V("float64"),
+        "eager_ms_samples": L(V("float64")),
+        "compile_ms_samples": L(V("float64")),
+        "n_records": V("int32"),
+        "torch_versions": L(V("string")),
+        "dataset_version": V("string"),
+    }),
+    "reference_outputs": datasets.Features({
+        "problem_id": V("int32"),
+        "problem": V("string"),
+        "problem_hash": V("string"),
+        "seed": V("int64"),
+        "size": V("string"),
+        "ok": V("bool"),
+        "error": V("string"),
+        "structure": V("string"),
+        "outputs": L({
+            "path": V("string"),
+            "dtype": V("string"),
+            "shape": L(V("int64")),
+            "sha256": V("string"),
+            "data": V("binary"),
+        }),
+        "sha256": V("string"),
+        "torch_version": V("string"),
+        "cpu_capability": V("string"),
+        "num_threads": V("int32"),
+        "dataset_version": V("string"),
+    }),
+    "attempts": datasets.Features({
+        "run": V("string"),
+        "model": V("string"),
+        "trial": V("string"),
+        "problem_id": V("int32"),
+        "problem": V("string"),
+        "family": V("string"),
+        "replicate": V("int32"),
+        "arm": V("string"),
+        "dsl": V("string"),
+        "direction": V("string"),
+        "status": V("string"),
+        "passed": V("bool"),
+        "skipped": V("bool"),
+        "speedup": V("float64"),
+        "kernel_ms": V("float64"),
+        "eager_ms": V("float64"),
+        "error": V("string"),
+        "skill_sha256": V("string"),
+        "schema_version": V("int32"),
+        "kernel_source": V("string"),
+        "kernel_sha256": V("string"),
+        "skill_md": V("string"),
+        "record_json": V("string"),
+        "dataset_version": V("string"),
+    }),
+    "skills": datasets.Features({
+        "skill_id": V("string"),
+        "origin": V("string"),
+        "model": V("string"),
+        "problem_id": V("int32"),
+        "problem": V("string"),
+        "direction": V("string"),
+        "source_dsl": V("string"),
+        "target_dsl": V("string"),
+        "replicate": V("int32"),
+        "source_trial": V("string"),
+        "source_verdict": V("string"),
+        "source_speedup": V("float64"),
+        "text": V("string"),
+        "sha256": V("string"),
+        "verdict": V("string"),
+        "skill_trial": V("string"),
+        "skill_status": V("string"),
+        "skill_speedup": V("float64"),
+        "base_status": V("string"),
+        "base_speedup": V("float64"),
+        "leak_flags": L(V("string")),
+        "released_in": V("string"),
+        "dataset_version": V("string"),
+    }),
+}
+
+
+@dataclass(frozen=True)
+class ConfigSpec:
+    """One config: its split, features, prose and per-column documentation, parquet row-group size."""
+
+    name: str
+    split: str
+    features: datasets.Features
+    description: str
+    columns: dict[str, str]
+    row_group_size: int
+
+    @property
+    def data_file(self) -> str:
+        """Path of the single parquet shard inside the dataset folder."""
+        return f"{self.name}/{self.split}-00000-of-00001.parquet"
+
+
+@cache
+def config_specs() -> dict[str, ConfigSpec]:
+    """Every config, in card order; raises BuildError if the schema file and the features disagree."""
+    doc = yaml.safe_load(SCHEMA_FILE.read_text(encoding="utf-8"))
+    specs: dict[str, ConfigSpec] = {}
+    for name in CONFIG_NAMES:
+        entry = doc.get(name)
+        if not isinstance(entry, dict):
+            raise BuildError(f"{SCHEMA_FILE}: no entry for config '{name}'")
+        columns = {str(k): str(v).strip() for k, v in (entry.get("columns") or {}).items()}
+        typed = list(FEATURES[name])
+        if list(columns) != typed:
+            missing = [c for c in typed if c not in columns]
+            extra = [c for c in columns if c not in typed]
+            raise BuildError(f"{SCHEMA_FILE}: config '{name}' columns differ from its features "
+                             f"(undocumented {missing}, unknown {extra}, or a different order)")
+        specs[name] = ConfigSpec(name=name, split=str(entry["split"]), features=FEATURES[name],
+                                 description=str(entry["description"]).strip(), columns=columns,
+                                 row_group_size=int(entry.get("row_group_size", 10_000)))
+    return specs
