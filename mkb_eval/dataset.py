@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
+from mkb_eval.frontmatter import split_front_matter
 
 DEFAULT_REPO = "MetaKernelBench/metakernelbench"
 """Hub dataset id used when neither ``repo_id`` nor ``MKB_DATASET_REPO`` is given."""
@@ -55,18 +55,7 @@ def read_card_yaml(folder: str | Path) -> dict[str, Any]:
     card = Path(folder) / "README.md"
     if not card.is_file():
         raise DatasetError(f"{card}: missing dataset card (README.md with a YAML 'configs:' block)")
-    text = card.read_text(encoding="utf-8")
-    if not text.startswith("---\n"):
-        raise DatasetError(f"{card}: the card must start with a YAML front matter block ('---')")
-    end = text.find("\n---\n", 4)
-    if end < 0:
-        raise DatasetError(f"{card}: the YAML front matter is not closed by a '---' line")
-    try:
-        meta = yaml.safe_load(text[4:end + 1])
-    except yaml.YAMLError as e:
-        raise DatasetError(f"{card}: invalid YAML front matter ({str(e).splitlines()[0]})") from None
-    if not isinstance(meta, dict):
-        raise DatasetError(f"{card}: the YAML front matter must be a mapping")
+    meta, _ = split_front_matter(card.read_text(encoding="utf-8"), str(card), DatasetError)
     return meta
 
 

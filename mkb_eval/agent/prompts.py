@@ -19,6 +19,8 @@ from typing import Any
 
 import yaml
 
+from mkb_eval.frontmatter import split_front_matter
+
 from mkb_eval import problems as P
 
 DSL_DISPLAY = {"cutedsl": "CuTe DSL", "tirx": "TIRx"}
@@ -72,18 +74,13 @@ def _read(rel: str) -> str:
 
 def parse_prompt_file(name: str, rel: str, raw: str) -> PromptFile:
     """Split front matter from body; the front matter must name the file and give an int version."""
-    if not raw.startswith("---\n"):
-        raise PromptError(f"prompts/{rel}: must start with a '---' front matter block")
-    end = raw.find("\n---\n", 4)
-    if end < 0:
-        raise PromptError(f"prompts/{rel}: front matter is not closed with '---'")
-    meta = yaml.safe_load(raw[4:end]) or {}
-    if not isinstance(meta, dict) or meta.get("name") != name:
+    meta, body = split_front_matter(raw, f"prompts/{rel}", PromptError)
+    if meta.get("name") != name:
         raise PromptError(f"prompts/{rel}: front matter must say name: {name}")
     version = meta.get("version")
     if isinstance(version, bool) or not isinstance(version, int) or version < 1:
         raise PromptError(f"prompts/{rel}: version must be a positive integer, got {version!r}")
-    return PromptFile(name=name, path=rel, version=version, sha256=_sha(raw), body=raw[end + 5:])
+    return PromptFile(name=name, path=rel, version=version, sha256=_sha(raw), body=body)
 
 
 @lru_cache(maxsize=None)

@@ -17,6 +17,8 @@ from typing import Any
 
 import yaml
 
+from mkb_eval.frontmatter import split_front_matter as _split
+
 from mkb_eval.skills.model import Outcome, Skill, SkillError
 
 _REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -49,18 +51,7 @@ def schema_errors(instance: Any, name: str) -> list[str]:
 
 def split_front_matter(text: str, where: str) -> tuple[dict[str, Any], str]:
     """(front matter, body) of a released skill file."""
-    if not text.startswith("---\n"):
-        raise SkillError(f"{where}: a released skill starts with YAML front matter ('---')")
-    end = text.find("\n---\n", 4)
-    if end < 0:
-        raise SkillError(f"{where}: the front matter is not closed by a '---' line")
-    try:
-        meta = yaml.safe_load(text[4:end + 1])
-    except yaml.YAMLError as e:
-        raise SkillError(f"{where}: invalid YAML front matter ({str(e).splitlines()[0]})") from None
-    if not isinstance(meta, dict):
-        raise SkillError(f"{where}: the front matter must be a mapping")
-    return meta, text[end + 5:]
+    return _split(text, where, SkillError)
 
 
 def parse_skill_file(path: Path, corpus: Path) -> Skill:
