@@ -1,0 +1,283 @@
+"""Causal GQA prefill over a paged KV cache with page size 64 (Llama 3.2 3B chunked prefill over cached
+prefixes: 24 query heads on 8 KV heads, head dim 128) in CuTe DSL: FlashAttention-2 style on tensor cores (warp-level mma.sync m16n8k16, bf16 in, fp32
+accumulate), bottom-right aligned causal mask, base-2 lse.
+
+Launch geometry
+- Work items are (request, 64-query tile) pairs x 24 query heads. The host only knows an upper bound on
+  the tile count (Tq / 64 + B), so the grid is (Tq / 64 + B, 24) and each CTA finds its item on the
+  device from qo_indptr (walking the B requests); items are taken in reverse order so the late (long-KV)
+  tiles start first; CTAs past the real count return at once.
+- 128 threads = 4 warps, warp w owns query rows 16w..16w+15 of the tile. The Q tile [64 x 128] is staged
+  with cp.async (rows past Lq zero-filled); KV blocks of 64 keys of KV head h / 3 (one page each: Lkv = (pages - 1) * 64 +
+  last_page_len), only up to the last key visible from the tile, stream through a 2-stage cp.async ring of swizzled K and V tiles (block i+1 in
+  flight while block i is computed; keys past Lkv zero-filled and masked).
+- Per block: S = Q K^T (8 k-steps x 8 n-tiles per warp; Q fragments re-read by ldmatrix per k-step),
+  causal mask from lane-derived bases, online softmax in base 2 (scale * log2 e folded into the fp32
+  logits, quad shuffles for the row max), P (bf16) reused as the A operand of O += P V (V via
+  ldmatrix.trans), O [16 x 128] fp32 per warp in registers.
+- Epilogue: O / l -> bf16 for rows < Lq; lse = m + log2 l written by one lane per row.
+What limits it: tensor-core throughput of warp-level mma.sync (7.5e11 FLOP; SOL ~0.76 ms at the wgmma
+peak, so expect ~1.8-2.5 ms; eager runs the same math in fp32 GEMMs) and, for GQA, K/V tiles re-read
+from L2 by the 3 query heads of a group. The obvious next steps are wgmma with shared-memory operands
+(FA3-style, one warpgroup per 64 rows, producer warp with TMA) and packing the 3 heads of a group into the
+row dimension so K/V tiles are loaded once per group.
+Host path: compiled once per process (tvm-ffi; token counts and batch symbolic), torch tensors passed
+directly, launch on the caller's current torch stream.
+
+Verification: compile-checked on CPU (sm_90a); not yet run on the H200.
+"""
+
+import math
+
+import cuda.bindings.driver as cuda
+import torch
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import BFloat16, Float32, Int32
+from cutlass.cute.nvgpu import cpasync, warp
+
+QO_HEADS = 24
+KV_HEADS = 8
+GROUP = QO_HEADS // KV_HEADS
+HD = 128
+TILE = 64
+PAGE = 64                      # page size; one 64-key block is exactly one page (TILE == PAGE)
+THREADS = 128
+LOG2E = 1.4426950408889634
+M_INIT = -1.0e30
+NCHUNK = 2                     # column chunks of the P V product
+
+
+@cute.kernel
+def _prefill_kernel(mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mQI: cute.Tensor, mKI: cute.Tensor,
+                    mIdx: cute.Tensor, mLast: cute.Tensor, mO: cute.Tensor, mL: cute.Tensor, scale_log2: Float32,
+                    sQ_layout: cute.ComposedLayout, sKV_layout: cute.ComposedLayout, tiled_mma: cute.TiledMma):
+    tidx, _, _ = cute.arch.thread_idx()
+    x, h, _ = cute.arch.block_idx()
+    lane = tidx % 32
+    kvh = h // GROUP
+    nb = mQI.shape[0] - 1
+
+    # ---- work item: reverse order over (request, tile)
+    total = Int32(0)
+    for bb in cutlass.range(nb):
+        total = total + (mQI[bb + 1] - mQI[bb] + TILE - 1) // TILE
+    if x < total:
+        t = total - 1 - x
+        b = Int32(0)
+        qt = Int32(0)
+        cum = Int32(0)
+        for bb in cutlass.range(nb):
+            ntl = (mQI[bb + 1] - mQI[bb] + TILE - 1) // TILE
+            if t >= cum:
+                if t < cum + ntl:
+                    b = bb
+                    qt = t - cum
+            cum = cum + ntl
+        qbeg = mQI[b]
+        lq = mQI[b + 1] - qbeg
+        kbeg = mKI[b]                                  # first page of the request in kv_indices
+        lkv = (mKI[b + 1] - kbeg - 1) * PAGE + mLast[b]
+        off = lkv - lq
+        q0 = qt * TILE
+        n_kv = cutlass.min(lkv, q0 + TILE + off)
+        nkb = (n_kv + TILE - 1) // TILE
+
+        smem = cutlass.utils.SmemAllocator()
+        sQ = smem.allocate_tensor(BFloat16, sQ_layout, byte_alignment=1024)
+        sK = smem.allocate_tensor(BFloat16, sKV_layout, byte_alignment=1024)
+        sV = smem.allocate_tensor(BFloat16, sKV_layout, byte_alignment=1024)
+        g2s = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), BFloat16,
+                                  num_bits_per_copy=128)
+
+        # Q tile (thread t: row t/2, chunks 8 (t%2) .. +7)
+        r = tidx // 2
+        for e in cutlass.range_constexpr(8):
+            c = (tidx % 2) * 8 + e
+            dst = cute.zipped_divide(sQ[r, None], (8,))[(None, c)]
+            if q0 + r < lq:
+                cute.copy(g2s, cute.zipped_divide(mQ[qbeg + q0 + r, h, None], (8,))[(None, c)], dst)
+            else:
+                dst.fill(0.0)
+        _load_kv(g2s, mK, mV, mIdx, sK, sV, kbeg, Int32(0), n_kv, kvh, Int32(0), tidx)
+        cute.arch.cp_async_commit_group()
+
+        thr_mma = tiled_mma.get_slice(tidx)
+        s2r_a = cute.make_tiled_copy_A(cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4),
+                                                           BFloat16), tiled_mma)
+        s2r_b = cute.make_tiled_copy_B(cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4),
+                                                           BFloat16), tiled_mma)
+        s2r_bt = cute.make_tiled_copy_B(cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=True, num_matrices=4),
+                                                            BFloat16), tiled_mma)
+        thr_a = s2r_a.get_slice(tidx)
+        thr_b = s2r_b.get_slice(tidx)
+        thr_bt = s2r_bt.get_slice(tidx)
+        tSrQ = thr_mma.make_fragment_A(thr_mma.partition_A(sQ))
+        tSsQ = thr_a.partition_S(sQ)
+        tSrQ_v = thr_a.retile(tSrQ)
+        tOcO = _mn_view(thr_mma.partition_C(cute.make_identity_tensor((TILE, HD))))
+
+        acc = cute.make_rmem_tensor(thr_mma.partition_shape_C((TILE, HD)), Float32)
+        acc.fill(0.0)
+        acc_mn = _mn_view(acc)
+        acc_c = cute.make_tensor(acc.iterator, cute.logical_divide(acc.layout, (None, None, HD // 8 // NCHUNK)))
+        nrow = cute.size(acc_mn.shape[0])
+        row_m = cute.make_rmem_tensor((nrow,), Float32)
+        row_l = cute.make_rmem_tensor((nrow,), Float32)
+        row_m.fill(M_INIT)
+        row_l.fill(0.0)
+
+        for kb in cutlass.range(nkb):
+            if kb + 1 < nkb:
+                _load_kv(g2s, mK, mV, mIdx, sK, sV, kbeg, (kb + 1) * TILE, n_kv, kvh, (kb + 1) % 2, tidx)
+            cute.arch.cp_async_commit_group()
+            cute.arch.cp_async_wait_group(1)
+            cute.arch.barrier()
+            st = kb % 2
+            sKs = sK[None, None, st]
+            sVt = cute.composition(sV[None, None, st], cute.make_layout((HD, TILE), stride=(TILE, 1)))
+            tSrK = thr_mma.make_fragment_B(thr_mma.partition_B(sKs))
+            tSsK = thr_b.partition_S(sKs)
+            tSrK_v = thr_b.retile(tSrK)
+            sc = cute.make_rmem_tensor(thr_mma.partition_shape_C((TILE, TILE)), Float32)
+            sc.fill(0.0)
+            for k in cutlass.range(cute.size(tSsK.shape[2]), unroll=1):
+                cute.copy(s2r_a, tSsQ[None, None, k], tSrQ_v[None, None, 0])
+                cute.copy(s2r_b, tSsK[None, None, k], tSrK_v[None, None, 0])
+                cute.gemm(tiled_mma, sc, tSrQ[None, None, 0], tSrK[None, None, 0], sc)
+
+            # mask from lane-derived bases (C fragment: row = 16 w + g + 8 r, col = 2 t + e + 8 n, c = e + 2 n)
+            sc_mn = _mn_view(sc)
+            d_causal = kb * TILE + 2 * (lane % 4) - (q0 + (tidx // 32) * 16 + lane // 4) - off
+            d_len = kb * TILE + 2 * (lane % 4) - lkv
+            for rr in cutlass.range_constexpr(nrow):
+                mx = row_m[rr]
+                for c in cutlass.range_constexpr(cute.size(sc_mn.shape[1])):
+                    cc = (c % 2) + 8 * (c // 2)
+                    ok = (d_causal + (cc - 8 * rr) <= 0) & (d_len + cc < 0)
+                    vv = cutlass.select_(ok, sc_mn[rr, c] * scale_log2, Float32(-math.inf))
+                    sc_mn[rr, c] = vv
+                    mx = cute.arch.fmax(mx, vv)
+                mx = cute.arch.fmax(mx, cute.arch.shuffle_sync_bfly(mx, offset=2))
+                mx = cute.arch.fmax(mx, cute.arch.shuffle_sync_bfly(mx, offset=1))
+                alpha = cute.math.exp2(row_m[rr] - mx, fastmath=True)
+                row_m[rr] = mx
+                ls = Float32(0.0)
+                for c in cutlass.range_constexpr(cute.size(sc_mn.shape[1])):
+                    p = cute.math.exp2(sc_mn[rr, c] - mx, fastmath=True)
+                    sc_mn[rr, c] = p
+                    ls = ls + p
+                row_l[rr] = row_l[rr] * alpha + ls
+                for c in cutlass.range_constexpr(cute.size(acc_mn.shape[1])):
+                    acc_mn[rr, c] = acc_mn[rr, c] * alpha
+
+            rP = cute.make_fragment_like(sc, BFloat16)
+            rP.store(sc.load().to(BFloat16))
+            pd = cute.logical_divide(rP.layout, (None, None, 2))
+            rPa = cute.make_tensor(rP.iterator, cute.make_layout(
+                ((pd.shape[0], pd.shape[2][0]), pd.shape[1], pd.shape[2][1]),
+                stride=((pd.stride[0], pd.stride[2][0]), pd.stride[1], pd.stride[2][1])))
+            tOrVt = thr_mma.make_fragment_B(thr_mma.partition_B(sVt))
+            tOsVt = thr_bt.partition_S(sVt)
+            tOrVt_v = thr_bt.retile(tOrVt)
+            for k in cutlass.range_constexpr(cute.size(tOsVt.shape[2])):
+                for cn in cutlass.range_constexpr(NCHUNK):
+                    cute.copy(s2r_bt, tOsVt[None, (None, cn), k], tOrVt_v[None, (None, cn), k])
+                    cute.gemm(tiled_mma, acc_c[None, None, (None, cn)], rPa[None, None, k],
+                              tOrVt[None, (None, cn), k], acc_c[None, None, (None, cn)])
+            cute.arch.barrier()                      # stage st is free for the next issue
+
+        for rr in cutlass.range_constexpr(nrow):
+            lt = row_l[rr]
+            lt = lt + cute.arch.shuffle_sync_bfly(lt, offset=2)
+            lt = lt + cute.arch.shuffle_sync_bfly(lt, offset=1)
+            qi = q0 + tOcO[rr, 0][0]
+            if qi < lq:
+                inv = Float32(1.0) / lt
+                gO = mO[qbeg + qi, h, None]
+                for c in cutlass.range_constexpr(cute.size(acc_mn.shape[1])):
+                    gO[tOcO[0, c][1]] = (acc_mn[rr, c] * inv).to(BFloat16)
+                if lane % 4 == 0:
+                    mL[qbeg + qi, h] = row_m[rr] + cute.math.log2(lt)
+
+
+@cute.jit
+def _load_kv(g2s: cute.CopyAtom, mK: cute.Tensor, mV: cute.Tensor, mIdx: cute.Tensor, sK: cute.Tensor,
+             sV: cute.Tensor, kbeg: Int32, r0: Int32, n: Int32, kvh: Int32, st: Int32, tidx: Int32):
+    """K and V rows r0 .. r0+63 (= page r0 / 64) of the request (zero past n) into stage st; thread t: row t/2."""
+    r = tidx // 2
+    page = mIdx[kbeg + r0 // PAGE]
+    for e in cutlass.range_constexpr(8):
+        c = (tidx % 2) * 8 + e
+        dk = cute.zipped_divide(sK[r, None, st], (8,))[(None, c)]
+        dv = cute.zipped_divide(sV[r, None, st], (8,))[(None, c)]
+        if r0 + r < n:
+            cute.copy(g2s, cute.zipped_divide(mK[page, r, kvh, None], (8,))[(None, c)], dk)
+            cute.copy(g2s, cute.zipped_divide(mV[page, r, kvh, None], (8,))[(None, c)], dv)
+        else:
+            dk.fill(0.0)
+            dv.fill(0.0)
+
+
+def _mn_view(acc: cute.Tensor) -> cute.Tensor:
+    """(rows, cols) view of an mma.sync accumulator partition ((2, 2), MMA_M, MMA_N)."""
+    lay = cute.make_layout(acc.layout.shape)
+    mn = cute.make_layout(
+        ((lay.shape[0][1], lay.shape[1]), (lay.shape[0][0], lay.shape[2])),
+        stride=((lay.stride[0][1], lay.stride[1]), (lay.stride[0][0], lay.stride[2])))
+    return cute.make_tensor(acc.iterator, cute.composition(acc.layout, mn))
+
+
+@cute.jit
+def _prefill(mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mQI: cute.Tensor, mKI: cute.Tensor,
+             mIdx: cute.Tensor, mLast: cute.Tensor, mO: cute.Tensor, mL: cute.Tensor, scale_log2: Float32, stream: cuda.CUstream):
+    atom = cute.make_composed_layout(cute.make_swizzle(3, 3, 3), 0, cute.make_layout((8, 64), stride=(64, 1)))
+    sQ_layout = cute.tile_to_shape(atom, (TILE, HD), (0, 1))
+    sKV_layout = cute.tile_to_shape(atom, (TILE, HD, 2), (0, 1, 2))
+    tiled_mma = cute.make_tiled_mma(warp.MmaF16BF16Op(BFloat16, Float32, (16, 8, 16)), (4, 1, 1),
+                                    permutation_mnk=(64, 16, 16))
+    n_items = mQ.shape[0] // TILE + mQI.shape[0] - 1
+    _prefill_kernel(mQ, mK, mV, mQI, mKI, mIdx, mLast, mO, mL, scale_log2, sQ_layout, sKV_layout, tiled_mma).launch(
+        grid=[n_items, QO_HEADS, 1], block=[THREADS, 1, 1], stream=stream)
+
+
+_COMPILED = {}
+
+
+def _get_compiled():
+    fn = _COMPILED.get("k")
+    if fn is None:
+        from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
+        tq, pages, nptr, nidx, nb = (cute.sym_int32(), cute.sym_int32(), cute.sym_int32(), cute.sym_int32(),
+                                     cute.sym_int32())
+        q = make_fake_compact_tensor(BFloat16, (tq, QO_HEADS, HD), stride_order=(2, 1, 0), assumed_align=16)
+        k = make_fake_compact_tensor(BFloat16, (pages, PAGE, KV_HEADS, HD), stride_order=(3, 2, 1, 0),
+                                     assumed_align=16)
+        v = make_fake_compact_tensor(BFloat16, (pages, PAGE, KV_HEADS, HD), stride_order=(3, 2, 1, 0),
+                                     assumed_align=16)
+        qi = make_fake_compact_tensor(Int32, (nptr,), assumed_align=4)
+        ki = make_fake_compact_tensor(Int32, (nptr,), assumed_align=4)
+        idx = make_fake_compact_tensor(Int32, (nidx,), assumed_align=4)
+        last = make_fake_compact_tensor(Int32, (nb,), assumed_align=4)
+        o = make_fake_compact_tensor(BFloat16, (tq, QO_HEADS, HD), stride_order=(2, 1, 0), assumed_align=16)
+        lse = make_fake_compact_tensor(Float32, (tq, QO_HEADS), stride_order=(1, 0), assumed_align=4)
+        stream = make_fake_stream(use_tvm_ffi_env_stream=True)
+        fn = cute.compile(_prefill, q, k, v, qi, ki, idx, last, o, lse, Float32(1.0), stream, options="--enable-tvm-ffi")
+        _COMPILED["k"] = fn
+    return fn
+
+
+def solve(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, sm_scale):
+    tq = q.shape[0]
+    out = torch.empty_like(q)
+    lse = torch.empty((tq, QO_HEADS), dtype=torch.float32, device=q.device)
+    if tq == 0 or qo_indptr.numel() < 2:
+        return out, lse
+    indices = kv_indices.to(torch.int32).contiguous()
+    if indices.numel() == 0:
+        indices = torch.zeros(1, dtype=torch.int32, device=q.device)
+    _get_compiled()(q.contiguous(), k_cache, v_cache, qo_indptr.to(torch.int32).contiguous(),
+                    kv_indptr.to(torch.int32).contiguous(), indices, kv_last_page_len.to(torch.int32).contiguous(),
+                    out, lse, float(sm_scale) * LOG2E)
+    return out, lse

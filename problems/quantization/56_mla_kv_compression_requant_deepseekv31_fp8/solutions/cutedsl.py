@@ -1,0 +1,261 @@
+"""DeepSeek-V3.1 MLA KV compression in FP8 (8192 tokens, hidden 7168 -> 512 latent + 64 rope dims), with
+latent RMSNorm, k_pe RoPE and FP8 re-quantization of the cache entry, in CuTe DSL. Two kernels:
+
+1. FP8 GEMM kv = dequant(x) dequant(W)^T on tensor cores (warp-level mma.sync m16n8k32 e4m3 x e4m3 ->
+   fp32; e4m3 products are exact): grid (T / 128, 576 / 64), 256 threads = 8 warps as 4 (M) x 2 (N),
+   CTA tile 128 x 64, one 128-wide K block (the scale granularity) per main-loop step. A 3-stage cp.async
+   ring (16-byte copies) holds the fp8 A / B tiles (rows padded to 144 B: conflict-free 32-bit fragment
+   loads) and the 128 per-(token, block) activation scales; the raw fp8 products of a K block accumulate
+   in a per-block fp32 tile that is then scaled by s_x[token, kb] * s_w[nb, kb] and added to the main fp32
+   accumulator (dequantization inside the kernel, DeepSeek-style per-block promotion). kv (fp32) goes to a
+   workspace [T, 576].
+2. Epilogue (warp per token): RMSNorm of the 512 latent values (fp32, * kv_norm_weight) -> bf16
+   kv_c_normed; per 128-wide tile amax -> scale = 2^ceil(log2(amax / 448)) and kv_fp8 = e4m3(latent / scale)
+   (cvt.rn.satfinite, exact power-of-two division); interleaved-pair RoPE of the 64 k_pe values with
+   cos/sin gathered at the token's position -> bf16.
+What limits it: the 68 GFLOP fp8 GEMM on warp-level mma.sync (SOL ~0.034 ms at the fp8 wgmma peak; expect
+~0.1-0.15 ms here); the 59 MB fp8 activation read is small. Next step: wgmma (fp8, smem operands via TMA)
+with the same per-block promotion.
+Host path: compiled once per process (tvm-ffi; T symbolic), torch tensors passed directly, launches on the
+caller's current torch stream; the fp32 kv workspace is cached per (device, T).
+
+Verification: compile-checked on CPU (sm_90a); not yet run on the H200.
+"""
+
+import math
+
+import cuda.bindings.driver as cuda
+import torch
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import BFloat16, Float32, Float8E4M3FN, Int32, Int64
+from cutlass.cute.nvgpu import cpasync, warp
+
+BLOCK = 128
+FP8_MAX = 448.0
+RANK = 512
+ROPE = 64
+NOUT = RANK + ROPE             # 576
+EPS = 1e-6
+BM, BN, BK = 128, 64, 128
+PAD = 144                      # padded fp8 row (bytes) in shared memory
+STAGES = 3
+THREADS = 256
+
+
+@cute.kernel
+def _gemm_kernel(mX: cute.Tensor, mXs: cute.Tensor, mW: cute.Tensor, mWs: cute.Tensor, mKV: cute.Tensor,
+                 tiled_mma: cute.TiledMma):
+    tidx, _, _ = cute.arch.thread_idx()
+    mt, nt, _ = cute.arch.block_idx()
+    T = mX.shape[0]
+    nkb = mX.shape[1] // BK
+    m0 = mt * BM
+    n0 = nt * BN
+    nb = n0 // BLOCK
+
+    smem = cutlass.utils.SmemAllocator()
+    sA = smem.allocate_tensor(Float8E4M3FN, cute.make_layout((BM, BK, STAGES), stride=(PAD, 1, BM * PAD)),
+                              byte_alignment=128)
+    sB = smem.allocate_tensor(Float8E4M3FN, cute.make_layout((BN, BK, STAGES), stride=(PAD, 1, BN * PAD)),
+                              byte_alignment=128)
+    sS = smem.allocate_tensor(Float32, cute.make_layout((BM, STAGES), stride=(1, BM)), byte_alignment=16)
+    g16 = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), Float8E4M3FN,
+                              num_bits_per_copy=128)
+    g4 = cute.make_copy_atom(cpasync.CopyG2SOp(), Float32, num_bits_per_copy=32)
+
+    thr_mma = tiled_mma.get_slice(tidx)
+    acc = cute.make_rmem_tensor(thr_mma.partition_shape_C((BM, BN)), Float32)
+    acc.fill(0.0)
+    acc_mn = _mn_view(acc)
+    tC = _mn_view(thr_mma.partition_C(cute.make_identity_tensor((BM, BN))))
+
+    for p in cutlass.range_constexpr(STAGES - 1):
+        if p < nkb:
+            _issue(g16, g4, mX, mXs, mW, sA, sB, sS, m0, n0, p, p, T, tidx)
+        cute.arch.cp_async_commit_group()
+
+    for kb in cutlass.range(nkb):
+        nxt = kb + STAGES - 1
+        if nxt < nkb:
+            _issue(g16, g4, mX, mXs, mW, sA, sB, sS, m0, n0, nxt, nxt % STAGES, T, tidx)
+        cute.arch.cp_async_commit_group()
+        cute.arch.cp_async_wait_group(STAGES - 1)
+        cute.arch.barrier()
+        st = kb % STAGES
+        sAs = sA[None, None, st]
+        sBs = sB[None, None, st]
+        tAsA = thr_mma.partition_A(sAs)
+        tBsB = thr_mma.partition_B(sBs)
+        tArA = thr_mma.make_fragment_A(tAsA)
+        tBrB = thr_mma.make_fragment_B(tBsB)
+        blk = cute.make_rmem_tensor(thr_mma.partition_shape_C((BM, BN)), Float32)
+        blk.fill(0.0)
+        for k in cutlass.range_constexpr(cute.size(tAsA.shape[2])):
+            cute.autovec_copy(tAsA[None, None, k], tArA[None, None, k])
+            cute.autovec_copy(tBsB[None, None, k], tBrB[None, None, k])
+            cute.gemm(tiled_mma, blk, tArA[None, None, k], tBrB[None, None, k], blk)
+        ws = mWs[nb, kb]
+        blk_mn = _mn_view(blk)
+        for r in cutlass.range_constexpr(cute.size(acc_mn.shape[0])):
+            sc = sS[tC[r, 0][0], st] * ws
+            for c in cutlass.range_constexpr(cute.size(acc_mn.shape[1])):
+                acc_mn[r, c] = acc_mn[r, c] + blk_mn[r, c] * sc
+        cute.arch.barrier()                       # stage st may be overwritten by the next issue
+
+    for r in cutlass.range_constexpr(cute.size(acc_mn.shape[0])):
+        row = m0 + tC[r, 0][0]
+        if row < T:
+            for c in cutlass.range_constexpr(cute.size(acc_mn.shape[1])):
+                mKV[row, n0 + tC[0, c][1]] = acc_mn[r, c]
+
+
+@cute.jit
+def _issue(g16: cute.CopyAtom, g4: cute.CopyAtom, mX: cute.Tensor, mXs: cute.Tensor, mW: cute.Tensor,
+           sA: cute.Tensor, sB: cute.Tensor, sS: cute.Tensor, m0: Int32, n0: Int32, kb: Int32, st: Int32, T: Int32,
+           tidx: Int32):
+    """cp.async of K block kb: A [128 x 128] fp8 (rows past T zero-filled), B [64 x 128] fp8, 128 scales."""
+    for it in cutlass.range_constexpr(BM * (BK // 16) // THREADS):
+        cid = tidx + THREADS * it
+        r = cid // (BK // 16)
+        c = cid % (BK // 16)
+        dst = cute.zipped_divide(sA[r, None, st], (16,))[(None, c)]
+        if m0 + r < T:
+            cute.copy(g16, cute.zipped_divide(mX[m0 + r, None], (16,))[(None, kb * (BK // 16) + c)], dst)
+        else:
+            dst.fill(0.0)
+    for it in cutlass.range_constexpr(BN * (BK // 16) // THREADS):
+        cid = tidx + THREADS * it
+        r = cid // (BK // 16)
+        c = cid % (BK // 16)
+        cute.copy(g16, cute.zipped_divide(mW[n0 + r, None], (16,))[(None, kb * (BK // 16) + c)],
+                  cute.zipped_divide(sB[r, None, st], (16,))[(None, c)])
+    if tidx < BM:
+        dsts = cute.zipped_divide(sS[None, st], (1,))[(None, tidx)]
+        if m0 + tidx < T:
+            cute.copy(g4, cute.zipped_divide(mXs[m0 + tidx, None], (1,))[(None, kb)], dsts)
+        else:
+            dsts.fill(0.0)
+
+
+def _mn_view(acc: cute.Tensor) -> cute.Tensor:
+    """(rows, cols) view of an mma.sync accumulator partition ((2, 2), MMA_M, MMA_N)."""
+    lay = cute.make_layout(acc.layout.shape)
+    mn = cute.make_layout(
+        ((lay.shape[0][1], lay.shape[1]), (lay.shape[0][0], lay.shape[2])),
+        stride=((lay.stride[0][1], lay.stride[1]), (lay.stride[0][0], lay.stride[2])))
+    return cute.make_tensor(acc.iterator, cute.composition(acc.layout, mn))
+
+
+@cute.kernel
+def _epilogue_kernel(mKV: cute.Tensor, mNW: cute.Tensor, mPos: cute.Tensor, mCS: cute.Tensor, mC: cute.Tensor,
+                     mPe: cute.Tensor, mQ8: cute.Tensor, mScale: cute.Tensor):
+    tidx, _, _ = cute.arch.thread_idx()
+    blk, _, _ = cute.arch.block_idx()
+    T = mKV.shape[0]
+    lane = tidx % 32
+    t = blk * (THREADS // 32) + tidx // 32
+    if t < T:
+        # latent: lane owns elements lane + 32 m (m < 16); tile = m // 4
+        x = cute.make_rmem_tensor((16,), Float32)
+        ss = Float32(0.0)
+        for m in cutlass.range_constexpr(16):
+            x[m] = mKV[t, lane + 32 * m]
+            ss = ss + x[m] * x[m]
+        for off in (16, 8, 4, 2, 1):
+            ss = ss + cute.arch.shuffle_sync_bfly(ss, offset=off)
+        inv = cute.math.rsqrt(ss / Float32(RANK) + Float32(EPS))
+        cb = cute.make_rmem_tensor((16,), BFloat16)
+        for m in cutlass.range_constexpr(16):
+            cb[m] = ((x[m] * inv) * Float32(mNW[lane + 32 * m])).to(BFloat16)
+            mC[t, lane + 32 * m] = cb[m]
+        for tile in cutlass.range_constexpr(RANK // BLOCK):
+            amax = Float32(0.0)
+            for m in cutlass.range_constexpr(4):
+                amax = cute.arch.fmax(amax, cute.math.abs(Float32(cb[4 * tile + m])))
+            for off in (16, 8, 4, 2, 1):
+                amax = cute.arch.fmax(amax, cute.arch.shuffle_sync_bfly(amax, offset=off))
+            amax = cute.arch.fmax(amax, Float32(1e-30))
+            scale = cute.math.exp2(cute.math.ceil(cute.math.log2(amax / Float32(FP8_MAX))))
+            inv_s = Float32(1.0) / scale                  # exact: scale is a power of two
+            q = cute.make_rmem_tensor((4,), Float32)
+            for m in cutlass.range_constexpr(4):
+                q[m] = Float32(cb[4 * tile + m]) * inv_s
+            q8 = cute.make_rmem_tensor((4,), Float8E4M3FN)
+            q8.store(q.load().to(Float8E4M3FN))
+            for m in cutlass.range_constexpr(4):
+                mQ8[t, lane + 32 * (4 * tile + m)] = q8[m]
+            if lane == 0:
+                mScale[t, tile] = scale
+        # rope: lane i rotates the pair (2i, 2i+1) of k_pe with frequency i
+        pos = Int32(mPos[t])
+        co = mCS[pos, lane]
+        si = mCS[pos, ROPE // 2 + lane]
+        x1 = mKV[t, RANK + 2 * lane]
+        x2 = mKV[t, RANK + 2 * lane + 1]
+        mPe[t, 2 * lane] = (x1 * co - x2 * si).to(BFloat16)
+        mPe[t, 2 * lane + 1] = (x1 * si + x2 * co).to(BFloat16)
+
+
+@cute.jit
+def _kvcomp(mX: cute.Tensor, mXs: cute.Tensor, mW: cute.Tensor, mWs: cute.Tensor, mNW: cute.Tensor,
+            mPos: cute.Tensor, mCS: cute.Tensor, mKV: cute.Tensor, mC: cute.Tensor, mPe: cute.Tensor,
+            mQ8: cute.Tensor, mScale: cute.Tensor, stream: cuda.CUstream):
+    tiled_mma = cute.make_tiled_mma(warp.MmaFP8Op(Float8E4M3FN, Float32, (16, 8, 32)), (4, 2, 1))
+    T = mX.shape[0]
+    _gemm_kernel(mX, mXs, mW, mWs, mKV, tiled_mma).launch(
+        grid=[(T + BM - 1) // BM, NOUT // BN, 1], block=[THREADS, 1, 1], stream=stream)
+    _epilogue_kernel(mKV, mNW, mPos, mCS, mC, mPe, mQ8, mScale).launch(
+        grid=[(T + 7) // 8, 1, 1], block=[THREADS, 1, 1], stream=stream)
+
+
+_COMPILED = {}
+_WORKSPACE = {}
+
+
+def _get_compiled(hidden):
+    fn = _COMPILED.get(hidden)
+    if fn is None:
+        from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
+        t, npos = cute.sym_int32(), cute.sym_int32()
+        nkb = hidden // BLOCK
+        x = make_fake_compact_tensor(Float8E4M3FN, (t, hidden), stride_order=(1, 0), assumed_align=16)
+        xs = make_fake_compact_tensor(Float32, (t, nkb), stride_order=(1, 0), assumed_align=4)
+        w = make_fake_compact_tensor(Float8E4M3FN, (NOUT, hidden), stride_order=(1, 0), assumed_align=16)
+        wsc = make_fake_compact_tensor(Float32, ((NOUT + BLOCK - 1) // BLOCK, nkb), stride_order=(1, 0),
+                                       assumed_align=4)
+        nw = make_fake_compact_tensor(BFloat16, (RANK,), assumed_align=16)
+        pos = make_fake_compact_tensor(Int64, (t,), assumed_align=8)
+        cs = make_fake_compact_tensor(Float32, (npos, ROPE), stride_order=(1, 0), assumed_align=16)
+        kv = make_fake_compact_tensor(Float32, (t, NOUT), stride_order=(1, 0), assumed_align=16)
+        c = make_fake_compact_tensor(BFloat16, (t, RANK), stride_order=(1, 0), assumed_align=16)
+        pe = make_fake_compact_tensor(BFloat16, (t, ROPE), stride_order=(1, 0), assumed_align=16)
+        q8 = make_fake_compact_tensor(Float8E4M3FN, (t, RANK), stride_order=(1, 0), assumed_align=16)
+        sc = make_fake_compact_tensor(Float32, (t, RANK // BLOCK), stride_order=(1, 0), assumed_align=16)
+        stream = make_fake_stream(use_tvm_ffi_env_stream=True)
+        fn = cute.compile(_kvcomp, x, xs, w, wsc, nw, pos, cs, kv, c, pe, q8, sc, stream,
+                          options="--enable-tvm-ffi")
+        _COMPILED[hidden] = fn
+    return fn
+
+
+def solve(hidden_fp8, hidden_scale, w_kv_a, w_kv_a_scale, kv_norm_weight, positions, cos_sin_cache):
+    t, hidden = hidden_fp8.shape
+    assert hidden % BLOCK == 0 and w_kv_a.shape == (NOUT, hidden)
+    dev = hidden_fp8.device
+    c = torch.empty((t, RANK), dtype=torch.bfloat16, device=dev)
+    pe = torch.empty((t, ROPE), dtype=torch.bfloat16, device=dev)
+    q8 = torch.empty((t, RANK), dtype=torch.float8_e4m3fn, device=dev)
+    sc = torch.empty((t, RANK // BLOCK), dtype=torch.float32, device=dev)
+    if t == 0:
+        return c, pe, q8, sc
+    key = (str(dev), t)
+    kv = _WORKSPACE.get(key)
+    if kv is None:
+        kv = torch.empty((t, NOUT), dtype=torch.float32, device=dev)
+        _WORKSPACE[key] = kv
+    _get_compiled(hidden)(hidden_fp8.contiguous(), hidden_scale.contiguous(), w_kv_a.contiguous(),
+                          w_kv_a_scale.contiguous(), kv_norm_weight.contiguous(), positions.contiguous(),
+                          cos_sin_cache.contiguous(), kv, c, pe, q8, sc)
+    return c, pe, q8, sc
