@@ -8,12 +8,18 @@ gated group RMSNorm, dynamic NVFP4 activation quantization, and the GEMM, in CuT
    The dequantized activation without the global scale, code * bs, is exact in bf16 (at most 6 significant
    bits) and is written to a bf16 workspace.
 2. Weight dequantization: code * block scale -> bf16 workspace (exact), the global scale again deferred.
-3. GEMM out = (A' W'^T) * g_a * g_w on tensor cores (warp-level mma.sync m16n8k16 bf16, fp32 accumulate;
-   the products are exact): grid (T / 128, N / 128), 256 threads = 8 warps as 4 (M) x 2 (N), K tiles of 64
-   in a 3-stage cp.async ring of swizzled shared tiles (ldmatrix); bf16 output.
-What limits it: 5.5e11 FLOP on warp-level bf16 mma.sync (SOL ~0.55 ms at the bf16 wgmma peak; expect
-~1.3-1.8 ms here - eager dequantizes to fp32 and runs an fp32 GEMM, ~11 ms); the norm/quantize pass moves
-~400 MB (~0.1 ms). Next step: wgmma with TMA-fed shared operands.
+3. GEMM out = (A' W'^T) * g_a * g_w on Hopper tensor cores (wgmma.mma_async m64n128k16 bf16, fp32
+   accumulate; the products are exact): grid (T / 128, N / 128), 256 threads = 2 warpgroups, each owning
+   64 rows x 128 columns (64 fp32 registers per thread). K tiles of 64 stream through a 3-stage cp.async
+   ring into the 128-byte-swizzled K-major shared layouts wgmma reads through its descriptors
+   (sm90 make_smem_layout_a/b); per tile: cp.async wait, fence.proxy.async (generic-proxy writes made
+   visible to the async proxy), CTA barrier, wgmma.fence, 4 wgmma (k16 each), commit, wait_group 0, barrier
+   (the stage is then free for the next cp.async). bf16 output.
+What limits it: 5.5e11 FLOP (SOL ~0.55 ms at the bf16 wgmma peak): waiting for each K tile's wgmmas before
+refilling (no intra-CTA wgmma/load overlap; two CTAs per SM overlap each other) keeps it at maybe 60-70% of
+peak; expect ~0.8-1 ms (eager dequantizes to fp32 and runs an fp32 GEMM, ~11 ms). The norm/quantize pass
+moves ~400 MB (~0.1 ms). Next steps: TMA loads with an mbarrier pipeline and a producer warp,
+wait_group(1) to keep one wgmma batch in flight.
 Host path: compiled once per (d_inner, hidden) (tvm-ffi; T symbolic), torch tensors passed directly, launches
 on the caller's current torch stream; bf16 workspaces cached per (device, shape).
 
@@ -26,7 +32,10 @@ import torch
 import cutlass
 import cutlass.cute as cute
 from cutlass import BFloat16, Float32, Float8E4M3FN, Int32, Uint8
-from cutlass.cute.nvgpu import cpasync, warp
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass.cute.nvgpu import cpasync
+from cutlass.cute.nvgpu.warpgroup import Field, OperandMajorMode
+from cutlass.tensor_utils import LayoutEnum
 
 SF = 16
 GROUPS = 8
@@ -131,7 +140,7 @@ def _wdequant_kernel(mP: cute.Tensor, mS: cute.Tensor, mOut: cute.Tensor):
 
 @cute.kernel
 def _gemm_kernel(mA: cute.Tensor, mB: cute.Tensor, mGa: cute.Tensor, mGw: cute.Tensor, mOut: cute.Tensor,
-                 s_layout: cute.ComposedLayout, tiled_mma: cute.TiledMma):
+                 sA_layout: cute.ComposedLayout, sB_layout: cute.ComposedLayout, tiled_mma: cute.TiledMma):
     tidx, _, _ = cute.arch.thread_idx()
     mt, nt, _ = cute.arch.block_idx()
     M = mA.shape[0]
@@ -140,19 +149,19 @@ def _gemm_kernel(mA: cute.Tensor, mB: cute.Tensor, mGa: cute.Tensor, mGw: cute.T
     m0 = mt * BM
     n0 = nt * BN
     smem = cutlass.utils.SmemAllocator()
-    sA = smem.allocate_tensor(BFloat16, s_layout, byte_alignment=1024)
-    sB = smem.allocate_tensor(BFloat16, s_layout, byte_alignment=1024)
+    sA = smem.allocate_tensor(BFloat16, sA_layout.outer, byte_alignment=1024, swizzle=sA_layout.inner)
+    sB = smem.allocate_tensor(BFloat16, sB_layout.outer, byte_alignment=1024, swizzle=sB_layout.inner)
     g2s = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), BFloat16,
                               num_bits_per_copy=128)
+    wg = tidx // 128
     thr_mma = tiled_mma.get_slice(tidx)
-    s2r_a = cute.make_tiled_copy_A(cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4),
-                                                       BFloat16), tiled_mma)
-    s2r_b = cute.make_tiled_copy_B(cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4),
-                                                       BFloat16), tiled_mma)
-    thr_a = s2r_a.get_slice(tidx)
-    thr_b = s2r_b.get_slice(tidx)
+    tCsA = thr_mma.partition_A(sA)
+    tCsB = thr_mma.partition_B(sB)
+    tCrA = tiled_mma.make_fragment_A(tCsA)
+    tCrB = tiled_mma.make_fragment_B(tCsB)
     acc = cute.make_rmem_tensor(thr_mma.partition_shape_C((BM, BN)), Float32)
     acc.fill(0.0)
+    tiled_mma.set(Field.ACCUMULATE, True)   # acc starts at zero: always accumulate
 
     for p in cutlass.range_constexpr(STAGES - 1):
         if p < nk:
@@ -164,33 +173,24 @@ def _gemm_kernel(mA: cute.Tensor, mB: cute.Tensor, mGa: cute.Tensor, mGw: cute.T
             _issue(g2s, mA, mB, sA, sB, m0, n0, nxt, nxt % STAGES, M, N, tidx)
         cute.arch.cp_async_commit_group()
         cute.arch.cp_async_wait_group(STAGES - 1)
+        cute.arch.fence_proxy("async.shared", space="cta")
         cute.arch.barrier()
         st = kt % STAGES
-        sAs = sA[None, None, st]
-        sBs = sB[None, None, st]
-        tArA = thr_mma.make_fragment_A(thr_mma.partition_A(sAs))
-        tBrB = thr_mma.make_fragment_B(thr_mma.partition_B(sBs))
-        tAsA = thr_a.partition_S(sAs)
-        tArA_v = thr_a.retile(tArA)
-        tBsB = thr_b.partition_S(sBs)
-        tBrB_v = thr_b.retile(tBrB)
-        for k in cutlass.range_constexpr(cute.size(tAsA.shape[2])):
-            cute.copy(s2r_a, tAsA[None, None, k], tArA_v[None, None, k])
-            cute.copy(s2r_b, tBsB[None, None, k], tBrB_v[None, None, k])
-            cute.gemm(tiled_mma, acc, tArA[None, None, k], tBrB[None, None, k], acc)
+        cute.nvgpu.warpgroup.fence()
+        for k in cutlass.range_constexpr(cute.size(tCrA, mode=[2])):
+            cute.gemm(tiled_mma, acc, tCrA[None, None, k, st], tCrB[None, None, k, st], acc)
+        cute.nvgpu.warpgroup.commit_group()
+        cute.nvgpu.warpgroup.wait_group(0)
         cute.arch.barrier()
 
     scale = mGa[0] * mGw[0]
-    acc_mn = _mn_view(acc)
-    tC = _mn_view(thr_mma.partition_C(cute.make_identity_tensor((BM, BN))))
-    for r in cutlass.range_constexpr(cute.size(acc_mn.shape[0])):
-        row = m0 + tC[r, 0][0]
+    tC = thr_mma.partition_C(cute.make_identity_tensor((BM, BN)))
+    for i in cutlass.range_constexpr(cute.size(acc)):
+        row = m0 + tC[i][0]
+        col = n0 + tC[i][1]
         if row < M:
-            gO = mOut[row, None]
-            for c in cutlass.range_constexpr(cute.size(acc_mn.shape[1])):
-                col = n0 + tC[0, c][1]
-                if col < N:
-                    gO[col] = (acc_mn[r, c] * scale).to(BFloat16)
+            if col < N:
+                mOut[row, col] = (acc[i] * scale).to(BFloat16)
 
 
 @cute.jit
@@ -213,15 +213,6 @@ def _issue(g2s: cute.CopyAtom, mA: cute.Tensor, mB: cute.Tensor, sA: cute.Tensor
             db.fill(0.0)
 
 
-def _mn_view(acc: cute.Tensor) -> cute.Tensor:
-    """(rows, cols) view of an mma.sync accumulator partition ((2, 2), MMA_M, MMA_N)."""
-    lay = cute.make_layout(acc.layout.shape)
-    mn = cute.make_layout(
-        ((lay.shape[0][1], lay.shape[1]), (lay.shape[0][0], lay.shape[2])),
-        stride=((lay.stride[0][1], lay.stride[1]), (lay.stride[0][0], lay.stride[2])))
-    return cute.make_tensor(acc.iterator, cute.composition(acc.layout, mn))
-
-
 @cute.jit
 def _outproj(mY: cute.Tensor, mZ: cute.Tensor, mNW: cute.Tensor, mGa: cute.Tensor, mWp: cute.Tensor,
              mWs: cute.Tensor, mGw: cute.Tensor, mA: cute.Tensor, mWd: cute.Tensor, mOut: cute.Tensor,
@@ -232,12 +223,12 @@ def _outproj(mY: cute.Tensor, mZ: cute.Tensor, mNW: cute.Tensor, mGa: cute.Tenso
     nblk = mWp.shape[0] * mWs.shape[1]
     _wdequant_kernel(mWp, mWs, mWd).launch(grid=[(nblk + THREADS - 1) // THREADS, 1, 1], block=[THREADS, 1, 1],
                                           stream=stream)
-    atom = cute.make_composed_layout(cute.make_swizzle(3, 3, 3), 0, cute.make_layout((8, 64), stride=(64, 1)))
-    s_layout = cute.tile_to_shape(atom, (BM, BK, STAGES), (0, 1, 2))
-    tiled_mma = cute.make_tiled_mma(warp.MmaF16BF16Op(BFloat16, Float32, (16, 8, 16)), (4, 2, 1),
-                                    permutation_mnk=(64, 32, 16))
+    tiled_mma = sm90_utils.make_trivial_tiled_mma(BFloat16, BFloat16, OperandMajorMode.K, OperandMajorMode.K,
+                                                  Float32, (2, 1, 1), tiler_mn=(64, BN))
+    sA_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, (BM, BN, BK), BFloat16, STAGES)
+    sB_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, (BM, BN, BK), BFloat16, STAGES)
     N = mWd.shape[0]
-    _gemm_kernel(mA, mWd, mGa, mGw, mOut, s_layout, tiled_mma).launch(
+    _gemm_kernel(mA, mWd, mGa, mGw, mOut, sA_layout, sB_layout, tiled_mma).launch(
         grid=[(T + BM - 1) // BM, (N + BN - 1) // BN, 1], block=[THREADS, 1, 1], stream=stream)
 
 
