@@ -1,26 +1,29 @@
 """Causal GQA prefill over a paged KV cache with page size 64 (Llama 3.2 3B chunked prefill over cached
-prefixes: 24 query heads on 8 KV heads, head dim 128) in CuTe DSL: FlashAttention-2 style on tensor cores (warp-level mma.sync m16n8k16, bf16 in, fp32
-accumulate), bottom-right aligned causal mask, base-2 lse.
+prefixes: 24 query heads on 8 KV heads, head dim 128) in CuTe DSL: FlashAttention on Hopper tensor cores
+(wgmma), bottom-right aligned causal mask, base-2 lse.
 
 Launch geometry
 - Work items are (request, 64-query tile) pairs x 24 query heads. The host only knows an upper bound on
   the tile count (Tq / 64 + B), so the grid is (Tq / 64 + B, 24) and each CTA finds its item on the
   device from qo_indptr (walking the B requests); items are taken in reverse order so the late (long-KV)
   tiles start first; CTAs past the real count return at once.
-- 128 threads = 4 warps, warp w owns query rows 16w..16w+15 of the tile. The Q tile [64 x 128] is staged
-  with cp.async (rows past Lq zero-filled); KV blocks of 64 keys of KV head h / 3 (one page each: Lkv = (pages - 1) * 64 +
-  last_page_len), only up to the last key visible from the tile, stream through a 2-stage cp.async ring of swizzled K and V tiles (block i+1 in
-  flight while block i is computed; keys past Lkv zero-filled and masked).
-- Per block: S = Q K^T (8 k-steps x 8 n-tiles per warp; Q fragments re-read by ldmatrix per k-step),
-  causal mask from lane-derived bases, online softmax in base 2 (scale * log2 e folded into the fp32
-  logits, quad shuffles for the row max), P (bf16) reused as the A operand of O += P V (V via
-  ldmatrix.trans), O [16 x 128] fp32 per warp in registers.
-- Epilogue: O / l -> bf16 for rows < Lq; lse = m + log2 l written by one lane per row.
-What limits it: tensor-core throughput of warp-level mma.sync (7.5e11 FLOP; SOL ~0.76 ms at the wgmma
-peak, so expect ~1.8-2.5 ms; eager runs the same math in fp32 GEMMs) and, for GQA, K/V tiles re-read
-from L2 by the 3 query heads of a group. The obvious next steps are wgmma with shared-memory operands
-(FA3-style, one warpgroup per 64 rows, producer warp with TMA) and packing the 3 heads of a group into the
-row dimension so K/V tiles are loaded once per group.
+- One warpgroup (128 threads) per CTA; warp w owns query rows 16w..16w+15 of the tile. The Q tile
+  [64 x 128] (K-major, 128-byte swizzle) and 2-stage K (K-major) / V (MN-major, i.e. V's natural row-major
+  layout) tiles of 64 keys of KV head h / 3 (one page each: Lkv = (pages - 1) * 64 + last_page_len) are
+  filled with cp.async (16-byte copies; rows past Lq / Lkv zero-filled) in the
+  layouts wgmma reads through its shared-memory descriptors; block i+1 is in flight while block i is
+  computed; only keys up to the last one visible from the tile are loaded.
+- Per block: cp.async wait + fence.proxy.async + barrier; S = Q K^T with 8 wgmma m64n64k16 (fresh
+  accumulator), causal mask (key j <= i + Lkv - Lq, j < Lkv), online softmax in base 2 (scale * log2 e folded
+  into the fp32 logits; each thread owns 2 rows, row max / sum via quad shuffles), O rescaled by alpha,
+  then O += P V with 4 wgmma m64n128k16 whose A operand is P converted to bf16 in registers (the
+  accumulator's n8 tiles 2kk, 2kk+1 form k-step kk) and B is V from shared memory.
+- Epilogue: O / l -> bf16 for rows < Lq; lse = m + log2 l by one lane per row.
+What limits it: 7.5e11 FLOP (SOL ~0.76 ms at the wgmma peak; eager runs the same math in fp32 GEMMs).
+Softmax is not overlapped with the wgmmas inside a warpgroup (two CTAs per SM overlap each other), and K/V
+tiles are re-read from L2 by the 3 query heads of a group; expect ~1.3-1.6 ms. Next steps: FA3-style
+ping-pong of two consumer warpgroups with a TMA producer warp, 128-key blocks, and packing the 3 heads of a
+group into the row dimension.
 Host path: compiled once per process (tvm-ffi; token counts and batch symbolic), torch tensors passed
 directly, launch on the caller's current torch stream.
 
@@ -35,7 +38,10 @@ import torch
 import cutlass
 import cutlass.cute as cute
 from cutlass import BFloat16, Float32, Int32
-from cutlass.cute.nvgpu import cpasync, warp
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass.cute.nvgpu import OperandMajorMode, cpasync
+from cutlass.cute.nvgpu.warpgroup import Field, OperandSource
+from cutlass.tensor_utils import LayoutEnum
 
 QO_HEADS = 24
 KV_HEADS = 8
@@ -43,16 +49,16 @@ GROUP = QO_HEADS // KV_HEADS
 HD = 128
 TILE = 64
 PAGE = 64                      # page size; one 64-key block is exactly one page (TILE == PAGE)
-THREADS = 128
+THREADS = 128                  # one warpgroup
 LOG2E = 1.4426950408889634
 M_INIT = -1.0e30
-NCHUNK = 2                     # column chunks of the P V product
 
 
 @cute.kernel
 def _prefill_kernel(mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mQI: cute.Tensor, mKI: cute.Tensor,
                     mIdx: cute.Tensor, mLast: cute.Tensor, mO: cute.Tensor, mL: cute.Tensor, scale_log2: Float32,
-                    sQ_layout: cute.ComposedLayout, sKV_layout: cute.ComposedLayout, tiled_mma: cute.TiledMma):
+                    sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout,
+                    qk_mma: cute.TiledMma, pv_mma: cute.TiledMma):
     tidx, _, _ = cute.arch.thread_idx()
     x, h, _ = cute.arch.block_idx()
     lane = tidx % 32
@@ -85,17 +91,17 @@ def _prefill_kernel(mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mQI: cute
         nkb = (n_kv + TILE - 1) // TILE
 
         smem = cutlass.utils.SmemAllocator()
-        sQ = smem.allocate_tensor(BFloat16, sQ_layout, byte_alignment=1024)
-        sK = smem.allocate_tensor(BFloat16, sKV_layout, byte_alignment=1024)
-        sV = smem.allocate_tensor(BFloat16, sKV_layout, byte_alignment=1024)
+        sQ = smem.allocate_tensor(BFloat16, sQ_layout.outer, byte_alignment=1024, swizzle=sQ_layout.inner)
+        sK = smem.allocate_tensor(BFloat16, sK_layout.outer, byte_alignment=1024, swizzle=sK_layout.inner)
+        sV = smem.allocate_tensor(BFloat16, sV_layout.outer, byte_alignment=1024, swizzle=sV_layout.inner)
         g2s = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), BFloat16,
                                   num_bits_per_copy=128)
 
-        # Q tile (thread t: row t/2, chunks 8 (t%2) .. +7)
+        # Q tile (thread t: row t / 2, chunks 8 (t % 2) .. +7)
         r = tidx // 2
         for e in cutlass.range_constexpr(8):
             c = (tidx % 2) * 8 + e
-            dst = cute.zipped_divide(sQ[r, None], (8,))[(None, c)]
+            dst = cute.zipped_divide(sQ[r, None, 0], (8,))[(None, c)]
             if q0 + r < lq:
                 cute.copy(g2s, cute.zipped_divide(mQ[qbeg + q0 + r, h, None], (8,))[(None, c)], dst)
             else:
@@ -103,103 +109,113 @@ def _prefill_kernel(mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mQI: cute
         _load_kv(g2s, mK, mV, mIdx, sK, sV, kbeg, Int32(0), n_kv, kvh, Int32(0), tidx)
         cute.arch.cp_async_commit_group()
 
-        thr_mma = tiled_mma.get_slice(tidx)
-        s2r_a = cute.make_tiled_copy_A(cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4),
-                                                           BFloat16), tiled_mma)
-        s2r_b = cute.make_tiled_copy_B(cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4),
-                                                           BFloat16), tiled_mma)
-        s2r_bt = cute.make_tiled_copy_B(cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=True, num_matrices=4),
-                                                            BFloat16), tiled_mma)
-        thr_a = s2r_a.get_slice(tidx)
-        thr_b = s2r_b.get_slice(tidx)
-        thr_bt = s2r_bt.get_slice(tidx)
-        tSrQ = thr_mma.make_fragment_A(thr_mma.partition_A(sQ))
-        tSsQ = thr_a.partition_S(sQ)
-        tSrQ_v = thr_a.retile(tSrQ)
-        tOcO = _mn_view(thr_mma.partition_C(cute.make_identity_tensor((TILE, HD))))
-
-        acc = cute.make_rmem_tensor(thr_mma.partition_shape_C((TILE, HD)), Float32)
-        acc.fill(0.0)
-        acc_mn = _mn_view(acc)
-        acc_c = cute.make_tensor(acc.iterator, cute.logical_divide(acc.layout, (None, None, HD // 8 // NCHUNK)))
-        nrow = cute.size(acc_mn.shape[0])
-        row_m = cute.make_rmem_tensor((nrow,), Float32)
-        row_l = cute.make_rmem_tensor((nrow,), Float32)
+        thr_qk = qk_mma.get_slice(tidx)
+        thr_pv = pv_mma.get_slice(tidx)
+        tSrQ = qk_mma.make_fragment_A(thr_qk.partition_A(sQ))
+        tSrK = qk_mma.make_fragment_B(thr_qk.partition_B(sK))
+        tOrV = pv_mma.make_fragment_B(thr_pv.partition_B(sV))
+        acc_o = cute.make_rmem_tensor(thr_pv.partition_shape_C((TILE, HD)), Float32)
+        acc_o.fill(0.0)
+        tScS = thr_qk.partition_C(cute.make_identity_tensor((TILE, TILE)))
+        tOcO = thr_pv.partition_C(cute.make_identity_tensor((TILE, HD)))
+        # each thread owns 2 rows of the 64: (16 w + g) and (16 w + g + 8)
+        r_lo = tScS[0][0] % 16
+        row_m = cute.make_rmem_tensor((2,), Float32)
+        row_l = cute.make_rmem_tensor((2,), Float32)
         row_m.fill(M_INIT)
         row_l.fill(0.0)
+        pv_mma.set(Field.ACCUMULATE, True)
 
         for kb in cutlass.range(nkb):
             if kb + 1 < nkb:
                 _load_kv(g2s, mK, mV, mIdx, sK, sV, kbeg, (kb + 1) * TILE, n_kv, kvh, (kb + 1) % 2, tidx)
             cute.arch.cp_async_commit_group()
             cute.arch.cp_async_wait_group(1)
+            cute.arch.fence_proxy("async.shared", space="cta")
             cute.arch.barrier()
             st = kb % 2
-            sKs = sK[None, None, st]
-            sVt = cute.composition(sV[None, None, st], cute.make_layout((HD, TILE), stride=(TILE, 1)))
-            tSrK = thr_mma.make_fragment_B(thr_mma.partition_B(sKs))
-            tSsK = thr_b.partition_S(sKs)
-            tSrK_v = thr_b.retile(tSrK)
-            sc = cute.make_rmem_tensor(thr_mma.partition_shape_C((TILE, TILE)), Float32)
-            sc.fill(0.0)
-            for k in cutlass.range(cute.size(tSsK.shape[2]), unroll=1):
-                cute.copy(s2r_a, tSsQ[None, None, k], tSrQ_v[None, None, 0])
-                cute.copy(s2r_b, tSsK[None, None, k], tSrK_v[None, None, 0])
-                cute.gemm(tiled_mma, sc, tSrQ[None, None, 0], tSrK[None, None, 0], sc)
 
-            # mask from lane-derived bases (C fragment: row = 16 w + g + 8 r, col = 2 t + e + 8 n, c = e + 2 n)
-            sc_mn = _mn_view(sc)
-            d_causal = kb * TILE + 2 * (lane % 4) - (q0 + (tidx // 32) * 16 + lane // 4) - off
-            d_len = kb * TILE + 2 * (lane % 4) - lkv
-            for rr in cutlass.range_constexpr(nrow):
-                mx = row_m[rr]
-                for c in cutlass.range_constexpr(cute.size(sc_mn.shape[1])):
-                    cc = (c % 2) + 8 * (c // 2)
-                    ok = (d_causal + (cc - 8 * rr) <= 0) & (d_len + cc < 0)
-                    vv = cutlass.select_(ok, sc_mn[rr, c] * scale_log2, Float32(-math.inf))
-                    sc_mn[rr, c] = vv
-                    mx = cute.arch.fmax(mx, vv)
-                mx = cute.arch.fmax(mx, cute.arch.shuffle_sync_bfly(mx, offset=2))
-                mx = cute.arch.fmax(mx, cute.arch.shuffle_sync_bfly(mx, offset=1))
-                alpha = cute.math.exp2(row_m[rr] - mx, fastmath=True)
-                row_m[rr] = mx
-                ls = Float32(0.0)
-                for c in cutlass.range_constexpr(cute.size(sc_mn.shape[1])):
-                    p = cute.math.exp2(sc_mn[rr, c] - mx, fastmath=True)
-                    sc_mn[rr, c] = p
-                    ls = ls + p
-                row_l[rr] = row_l[rr] * alpha + ls
-                for c in cutlass.range_constexpr(cute.size(acc_mn.shape[1])):
-                    acc_mn[rr, c] = acc_mn[rr, c] * alpha
+            # S = Q K^T (wgmma m64n64k16, 8 k-steps)
+            acc_s = cute.make_rmem_tensor(thr_qk.partition_shape_C((TILE, TILE)), Float32)
+            cute.nvgpu.warpgroup.fence()
+            qk_mma.set(Field.ACCUMULATE, False)
+            for k in cutlass.range_constexpr(cute.size(tSrQ, mode=[2])):
+                cute.gemm(qk_mma, acc_s, tSrQ[None, None, k, 0], tSrK[None, None, k, st], acc_s)
+                qk_mma.set(Field.ACCUMULATE, True)
+            cute.nvgpu.warpgroup.commit_group()
+            cute.nvgpu.warpgroup.wait_group(0)
 
-            rP = cute.make_fragment_like(sc, BFloat16)
-            rP.store(sc.load().to(BFloat16))
-            pd = cute.logical_divide(rP.layout, (None, None, 2))
-            rPa = cute.make_tensor(rP.iterator, cute.make_layout(
-                ((pd.shape[0], pd.shape[2][0]), pd.shape[1], pd.shape[2][1]),
-                stride=((pd.stride[0], pd.stride[2][0]), pd.stride[1], pd.stride[2][1])))
-            tOrVt = thr_mma.make_fragment_B(thr_mma.partition_B(sVt))
-            tOsVt = thr_bt.partition_S(sVt)
-            tOrVt_v = thr_bt.retile(tOrVt)
-            for k in cutlass.range_constexpr(cute.size(tOsVt.shape[2])):
-                for cn in cutlass.range_constexpr(NCHUNK):
-                    cute.copy(s2r_bt, tOsVt[None, (None, cn), k], tOrVt_v[None, (None, cn), k])
-                    cute.gemm(tiled_mma, acc_c[None, None, (None, cn)], rPa[None, None, k],
-                              tOrVt[None, (None, cn), k], acc_c[None, None, (None, cn)])
+            # mask, online softmax (base 2); row stats of the 2 rows via quad shuffles
+            mx = cute.make_rmem_tensor((2,), Float32)
+            mx[0] = row_m[0]
+            mx[1] = row_m[1]
+            for i in cutlass.range_constexpr(cute.size(acc_s)):
+                hi = (tScS[i][0] % 16) != r_lo
+                qi = q0 + tScS[i][0]
+                kj = kb * TILE + tScS[i][1]
+                v = cutlass.select_((kj <= qi + off) & (kj < lkv), acc_s[i] * scale_log2, Float32(-math.inf))
+                acc_s[i] = v
+                mx[0] = cutlass.select_(hi, mx[0], cute.arch.fmax(mx[0], v))
+                mx[1] = cutlass.select_(hi, cute.arch.fmax(mx[1], v), mx[1])
+            alpha = cute.make_rmem_tensor((2,), Float32)
+            for j in cutlass.range_constexpr(2):
+                m2 = mx[j]
+                m2 = cute.arch.fmax(m2, cute.arch.shuffle_sync_bfly(m2, offset=1))
+                m2 = cute.arch.fmax(m2, cute.arch.shuffle_sync_bfly(m2, offset=2))
+                alpha[j] = cute.math.exp2(row_m[j] - m2, fastmath=True)
+                row_m[j] = m2
+            ls = cute.make_rmem_tensor((2,), Float32)
+            ls.fill(0.0)
+            for i in cutlass.range_constexpr(cute.size(acc_s)):
+                hi = (tScS[i][0] % 16) != r_lo
+                p = cute.math.exp2(acc_s[i] - cutlass.select_(hi, row_m[1], row_m[0]), fastmath=True)
+                acc_s[i] = p
+                ls[0] = ls[0] + cutlass.select_(hi, Float32(0.0), p)
+                ls[1] = ls[1] + cutlass.select_(hi, p, Float32(0.0))
+            for j in cutlass.range_constexpr(2):
+                row_l[j] = row_l[j] * alpha[j] + ls[j]
+            for i in cutlass.range_constexpr(cute.size(acc_o)):
+                hi = (tOcO[i][0] % 16) != r_lo
+                acc_o[i] = acc_o[i] * cutlass.select_(hi, alpha[1], alpha[0])
+
+            # O += P V (wgmma with P from registers, V MN-major from shared memory)
+            tOrP = _acc_to_a_operand(acc_s, pv_mma, BFloat16)
+            cute.nvgpu.warpgroup.fence()
+            for k in cutlass.range_constexpr(cute.size(tOrP, mode=[2])):
+                cute.gemm(pv_mma, acc_o, tOrP[None, None, k], tOrV[None, None, k, st], acc_o)
+            cute.nvgpu.warpgroup.commit_group()
+            cute.nvgpu.warpgroup.wait_group(0)
             cute.arch.barrier()                      # stage st is free for the next issue
 
-        for rr in cutlass.range_constexpr(nrow):
-            lt = row_l[rr]
-            lt = lt + cute.arch.shuffle_sync_bfly(lt, offset=2)
-            lt = lt + cute.arch.shuffle_sync_bfly(lt, offset=1)
-            qi = q0 + tOcO[rr, 0][0]
+        lt = cute.make_rmem_tensor((2,), Float32)
+        for j in cutlass.range_constexpr(2):
+            l2 = row_l[j]
+            l2 = l2 + cute.arch.shuffle_sync_bfly(l2, offset=1)
+            l2 = l2 + cute.arch.shuffle_sync_bfly(l2, offset=2)
+            lt[j] = l2
+        for i in cutlass.range_constexpr(cute.size(acc_o)):
+            hi = (tOcO[i][0] % 16) != r_lo
+            qi = q0 + tOcO[i][0]
             if qi < lq:
-                inv = Float32(1.0) / lt
-                gO = mO[qbeg + qi, h, None]
-                for c in cutlass.range_constexpr(cute.size(acc_mn.shape[1])):
-                    gO[tOcO[0, c][1]] = (acc_mn[rr, c] * inv).to(BFloat16)
-                if lane % 4 == 0:
-                    mL[qbeg + qi, h] = row_m[rr] + cute.math.log2(lt)
+                mO[qbeg + qi, h, tOcO[i][1]] = (acc_o[i] / cutlass.select_(hi, lt[1], lt[0])).to(BFloat16)
+        if lane % 4 == 0:
+            for j in cutlass.range_constexpr(2):
+                qi = q0 + r_lo + 8 * j + 16 * (tidx // 32)
+                if qi < lq:
+                    mL[qbeg + qi, h] = row_m[j] + cute.math.log2(lt[j])
+
+
+def _acc_to_a_operand(acc: cute.Tensor, pv_mma: cute.TiledMma, dtype) -> cute.Tensor:
+    """bf16 copy of a wgmma accumulator fragment, viewed as the register A operand of the next wgmma
+    (the k16 step kk is formed by the accumulator's n8 tiles 2 kk and 2 kk + 1)."""
+    a_val = pv_mma.tv_layout_A.shape[1]
+    c = acc.layout
+    op_layout = cute.make_layout(
+        (a_val, c.shape[1], (c.shape[2], cute.size(c, mode=[0]) // cute.size(a_val))),
+        stride=(c.stride[0], c.stride[1], (c.stride[2], cute.size(a_val, mode=[2]) * c.stride[0][2])))
+    op = cute.make_rmem_tensor_like(op_layout, dtype)
+    cute.make_tensor(op.iterator, acc.layout).store(acc.load().to(dtype))
+    return op
 
 
 @cute.jit
@@ -211,7 +227,7 @@ def _load_kv(g2s: cute.CopyAtom, mK: cute.Tensor, mV: cute.Tensor, mIdx: cute.Te
     for e in cutlass.range_constexpr(8):
         c = (tidx % 2) * 8 + e
         dk = cute.zipped_divide(sK[r, None, st], (8,))[(None, c)]
-        dv = cute.zipped_divide(sV[r, None, st], (8,))[(None, c)]
+        dv = cute.zipped_divide(sV[None, r, st], (8,))[(None, c)]
         if r0 + r < n:
             cute.copy(g2s, cute.zipped_divide(mK[page, r, kvh, None], (8,))[(None, c)], dk)
             cute.copy(g2s, cute.zipped_divide(mV[page, r, kvh, None], (8,))[(None, c)], dv)
@@ -220,26 +236,20 @@ def _load_kv(g2s: cute.CopyAtom, mK: cute.Tensor, mV: cute.Tensor, mIdx: cute.Te
             dv.fill(0.0)
 
 
-def _mn_view(acc: cute.Tensor) -> cute.Tensor:
-    """(rows, cols) view of an mma.sync accumulator partition ((2, 2), MMA_M, MMA_N)."""
-    lay = cute.make_layout(acc.layout.shape)
-    mn = cute.make_layout(
-        ((lay.shape[0][1], lay.shape[1]), (lay.shape[0][0], lay.shape[2])),
-        stride=((lay.stride[0][1], lay.stride[1]), (lay.stride[0][0], lay.stride[2])))
-    return cute.make_tensor(acc.iterator, cute.composition(acc.layout, mn))
-
-
 @cute.jit
 def _prefill(mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mQI: cute.Tensor, mKI: cute.Tensor,
-             mIdx: cute.Tensor, mLast: cute.Tensor, mO: cute.Tensor, mL: cute.Tensor, scale_log2: Float32, stream: cuda.CUstream):
-    atom = cute.make_composed_layout(cute.make_swizzle(3, 3, 3), 0, cute.make_layout((8, 64), stride=(64, 1)))
-    sQ_layout = cute.tile_to_shape(atom, (TILE, HD), (0, 1))
-    sKV_layout = cute.tile_to_shape(atom, (TILE, HD, 2), (0, 1, 2))
-    tiled_mma = cute.make_tiled_mma(warp.MmaF16BF16Op(BFloat16, Float32, (16, 8, 16)), (4, 1, 1),
-                                    permutation_mnk=(64, 16, 16))
+             mIdx: cute.Tensor, mLast: cute.Tensor, mO: cute.Tensor, mL: cute.Tensor, scale_log2: Float32,
+             stream: cuda.CUstream):
+    qk_mma = sm90_utils.make_trivial_tiled_mma(BFloat16, BFloat16, OperandMajorMode.K, OperandMajorMode.K, Float32,
+                                               (1, 1, 1), tiler_mn=(TILE, TILE))
+    pv_mma = sm90_utils.make_trivial_tiled_mma(BFloat16, BFloat16, OperandMajorMode.K, OperandMajorMode.MN,
+                                               Float32, (1, 1, 1), tiler_mn=(TILE, HD), a_source=OperandSource.RMEM)
+    sQ_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, (TILE, TILE, HD), BFloat16, 1)
+    sK_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, (TILE, TILE, HD), BFloat16, 2)
+    sV_layout = sm90_utils.make_smem_layout_b(LayoutEnum.COL_MAJOR, (TILE, HD, TILE), BFloat16, 2)
     n_items = mQ.shape[0] // TILE + mQI.shape[0] - 1
-    _prefill_kernel(mQ, mK, mV, mQI, mKI, mIdx, mLast, mO, mL, scale_log2, sQ_layout, sKV_layout, tiled_mma).launch(
-        grid=[n_items, QO_HEADS, 1], block=[THREADS, 1, 1], stream=stream)
+    _prefill_kernel(mQ, mK, mV, mQI, mKI, mIdx, mLast, mO, mL, scale_log2, sQ_layout, sK_layout, sV_layout, qk_mma,
+                    pv_mma).launch(grid=[n_items, QO_HEADS, 1], block=[THREADS, 1, 1], stream=stream)
 
 
 _COMPILED = {}
@@ -263,7 +273,8 @@ def _get_compiled():
         o = make_fake_compact_tensor(BFloat16, (tq, QO_HEADS, HD), stride_order=(2, 1, 0), assumed_align=16)
         lse = make_fake_compact_tensor(Float32, (tq, QO_HEADS), stride_order=(1, 0), assumed_align=4)
         stream = make_fake_stream(use_tvm_ffi_env_stream=True)
-        fn = cute.compile(_prefill, q, k, v, qi, ki, idx, last, o, lse, Float32(1.0), stream, options="--enable-tvm-ffi")
+        fn = cute.compile(_prefill, q, k, v, qi, ki, idx, last, o, lse, Float32(1.0), stream,
+                          options="--enable-tvm-ffi")
         _COMPILED["k"] = fn
     return fn
 

@@ -13,10 +13,11 @@ Kernel 1 (partial): grid (32 splits, B requests), 128 threads = 4 warps.
   thread t copies half of token t/2's 72 chunks) into a 2-stage ring of swizzled [64 x 576] tiles (block
   i+1 in flight while block i is computed). Tokens past the chunk end read a clamped page and are masked.
 - Warp w computes the logits of tokens 16w..16w+15 (36 k-steps x 2 n-tiles, 4 interleaved fp32
-  accumulators), scaled to base 2 and masked, into a shared fp32 [16 x 64] tile. After a barrier every warp reads the whole tile back in the
-  accumulator layout and runs the same online softmax (quad shuffles for the row max), so all warps hold
-  identical P and statistics; P (bf16) is reused as the A operand of O_w += P V[:, 128w:128w+128] (V =
-  ckv part through ldmatrix.trans): each warp owns a 128-column slice of O (64 fp32 registers/thread).
+  accumulators), scaled to base 2 and masked, into a shared fp32 [16 x 64] tile. After a barrier every warp
+  reads the whole tile back in the accumulator layout and runs the same online softmax (quad shuffles for
+  the row max), so all warps hold identical P and statistics; P (bf16) is reused as the A operand of
+  O_w += P V[:, 128w:128w+128] (V = ckv part through ldmatrix.trans): each warp owns a 128-column slice of
+  O (64 fp32 registers/thread).
 - Each warp writes its normalized O slice and (warp 0) the partial base-2 lse to a workspace.
 Kernel 2 (merge): grid (B, 16 heads), 128 threads x 4 elements; LSE = M + log2 sum 2^(lse_s - M);
 bf16 output; zero-length requests: 0 and -inf.

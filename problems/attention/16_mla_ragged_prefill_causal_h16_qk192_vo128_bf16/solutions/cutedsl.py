@@ -6,9 +6,10 @@ Launch geometry
 - Grid (16 heads, B requests); 128 threads = 4 warps, warp w owns query rows 16w..16w+15 of a 64-row
   query tile. The CTA loops over its request's query tiles (ceil(Lq / 64), one for every request here).
 - Q tile [64 x 192] is staged with cp.async (rows past Lq zero-filled); its A fragments are re-read
-  with ldmatrix per k-step (keeping all 12 k-steps in registers spilled). KV blocks of 64 rows, only up to the last key visible from the tile
-  (min(Lkv, q0 + 64 + Lkv - Lq)), stream through a 2-stage cp.async ring of swizzled K [64 x 192] and
-  V [64 x 128] tiles (block i+1 in flight while block i is computed; rows past Lkv zero-filled).
+  with ldmatrix per k-step (keeping all 12 k-steps in registers spilled). KV blocks of 64 rows, only up to
+  the last key visible from the tile (min(Lkv, q0 + 64 + Lkv - Lq)), stream through a 2-stage cp.async
+  ring of swizzled K [64 x 192] and V [64 x 128] tiles (block i+1 in flight while block i is computed; rows
+  past Lkv zero-filled).
 - Per block: S = Q K^T (12 k-steps x 8 n-tiles per warp), causal mask j <= i + Lkv - Lq, online softmax
   in base 2 (scale * log2 e folded into the fp32 logits; quad shuffles for the row max), P (bf16) reused
   as the A operand of O += P V (V via ldmatrix.trans), O [16 x 128] fp32 per warp in registers.

@@ -50,6 +50,8 @@ def _ret_kernel(mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tens
                 g2s: cute.TiledCopy, tiled_mma: cute.TiledMma):
     tidx, _, _ = cute.arch.thread_idx()
     bx, bh, _ = cute.arch.block_idx()
+    lane = tidx % 32
+    wid = tidx // 32
     T = mQ.shape[1]
     n_tiles = (T + TILE - 1) // TILE
     tI = n_tiles - 1 - bx                      # heaviest row tiles first
@@ -105,7 +107,6 @@ def _ret_kernel(mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tens
     acc = cute.make_rmem_tensor(thr_mma.partition_shape_C((TILE, DV)), Float32)
     acc.fill(0.0)
     acc_c = cute.make_tensor(acc.iterator, cute.logical_divide(acc.layout, (None, None, 4)))
-    tScS = _mn_view(thr_mma.partition_C(cute.make_identity_tensor((TILE, TILE))))
 
     for J in cutlass.range(tI + 1):
         cute.arch.cp_async_wait_group(0)
@@ -121,11 +122,12 @@ def _ret_kernel(mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tens
             cute.copy(s2r_b, tSsK[None, None, k], tSrK_v[None, None, k])
             cute.gemm(tiled_mma, s, tSrQ[None, None, k], tSrK[None, None, k], s)
         s_mn = _mn_view(s)
+        # i - j from a lane-derived base (warps 4 (rows) x 2 (column strips of 8): row = 16 (w % 4) + g + 8 r,
+        # col = 16 (q / 2) + 8 (w / 4) + 2 t + q % 2): the per-element coordinates are compile-time offsets
+        d0 = (tI - J) * TILE + 16 * (wid % 4) + lane // 4 - 8 * (wid // 4) - 2 * (lane % 4)
         for r in cutlass.range_constexpr(cute.size(s_mn.shape[0])):
-            i = tScS[r, 0][0]
             for q in cutlass.range_constexpr(cute.size(s_mn.shape[1])):
-                j = tScS[0, q][1]
-                dist = (tI - J) * TILE + i - j
+                dist = d0 + 8 * r - (16 * (q // 2) + q % 2)
                 w = cute.math.exp2(Float32(dist) * lg, fastmath=True) * Float32(QK_SCALE)
                 s_mn[r, q] = cutlass.select_(dist >= 0, s_mn[r, q] * w, Float32(0.0))
         rP = cute.make_fragment_like(s, BFloat16)

@@ -1,19 +1,20 @@
 """Qwen3-VL-8B fused QKV projection in FP8 (8192 tokens, hidden 4096 -> 32 q + 8 k + 8 v heads of 128) with
 per-head query/key RMSNorm, in CuTe DSL: one block-scaled FP8 GEMM kernel with a fused normalization epilogue.
 
-- FP8 GEMM qkv = dequant(x) dequant(W)^T on tensor cores (warp-level mma.sync m16n8k32 e4m3 x e4m3 -> fp32;
-  e4m3 products are exact): grid (T / 128, 48 heads), 256 threads = 8 warps as 4 (M) x 2 (N); the CTA
-  tile 128 x 128 is exactly one head. One 128-wide K block (the scale granularity) per main-loop step; a
-  3-stage cp.async ring (16-byte copies; fp8 rows padded to 144 B for conflict-free 32-bit fragment loads)
-  holds the A / B tiles and the 128 activation scales of the block; the raw products of a K block
-  accumulate in a per-block fp32 tile that is scaled by s_x[token, kb] * s_w[head, kb] and added to the
-  main fp32 accumulator (dequantization inside the kernel, per-block promotion).
-- Epilogue: for q and k heads, the sum of squares of each row (128 columns: per-thread partials, quad
-  shuffles, and the two column warps combined through a shared fp32 slot - a sum of two terms, so exact
-  and order-free) gives x * rsqrt(mean + 1e-6) * norm_weight in fp32; v is stored as is; bf16 outputs.
-What limits it: 4.1e11 FLOP on warp-level fp8 mma.sync (SOL ~0.21 ms at the fp8 wgmma peak; expect
-~0.6-0.8 ms here - eager dequantizes to fp32 and runs an fp32 GEMM, ~8 ms). Next step: fp8 wgmma with
-TMA-fed shared-memory operands (same per-block promotion and fused epilogue).
+- FP8 GEMM qkv = dequant(x) dequant(W)^T on Hopper tensor cores (wgmma.mma_async m64n128k32 e4m3 x e4m3 ->
+  fp32; e4m3 products are exact): grid (T / 128, 48 heads), 256 threads = 2 warpgroups, each owning 64 rows
+  x 128 columns; the CTA tile 128 x 128 is exactly one head. One 128-wide K block (the scale granularity)
+  per main-loop step: a 3-stage cp.async ring (16-byte copies) fills the 128-byte-swizzled K-major shared
+  layouts wgmma reads through its descriptors, plus the 128 activation scales of the block; after cp.async
+  wait + fence.proxy.async + barrier, 4 wgmma (k32) write the raw products of the block into a per-block
+  fp32 tile, wait_group 0, and the tile is scaled by s_x[token, kb] * s_w[head, kb] and added to the main
+  fp32 accumulator (dequantization inside the kernel, per-block promotion).
+- Epilogue: a warpgroup holds whole 128-column rows, so for q and k heads the row sum of squares needs only
+  the 4 lanes of a quad (2 xor shuffles); x * rsqrt(mean + 1e-6) * norm_weight in fp32; v stored as is;
+  bf16 outputs.
+What limits it: 4.1e11 FLOP (SOL ~0.21 ms at the fp8 wgmma peak); the per-block wait and promotion FMAs keep
+it well below peak: expect ~0.4-0.5 ms (eager dequantizes to fp32 and runs an fp32 GEMM, ~8 ms). Next
+steps: TMA + mbarrier pipeline with a producer warp and ping-ponging consumer warpgroups.
 Host path: compiled once per (K, heads) (tvm-ffi; T symbolic), torch tensors passed directly, launch on the
 caller's current torch stream.
 
@@ -26,12 +27,14 @@ import torch
 import cutlass
 import cutlass.cute as cute
 from cutlass import BFloat16, Float32, Float8E4M3FN, Int32
-from cutlass.cute.nvgpu import cpasync, warp
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass.cute.nvgpu import cpasync
+from cutlass.cute.nvgpu.warpgroup import Field, OperandMajorMode
+from cutlass.tensor_utils import LayoutEnum
 
 BLOCK = 128
 FP8_MAX = 448.0
 BM, BN, BK = 128, 128, 128
-PAD = 144                      # padded fp8 row (bytes) in shared memory
 STAGES = 3
 THREADS = 256
 HD = 128
@@ -40,7 +43,8 @@ EPS = 1e-6
 
 @cute.kernel
 def _gemm_kernel(mX: cute.Tensor, mXs: cute.Tensor, mW: cute.Tensor, mWs: cute.Tensor, mQn: cute.Tensor,
-                 mKn: cute.Tensor, mOq: cute.Tensor, mOk: cute.Tensor, mOv: cute.Tensor, tiled_mma: cute.TiledMma):
+                 mKn: cute.Tensor, mOq: cute.Tensor, mOk: cute.Tensor, mOv: cute.Tensor,
+                 sA_layout: cute.ComposedLayout, sB_layout: cute.ComposedLayout, tiled_mma: cute.TiledMma):
     tidx, _, _ = cute.arch.thread_idx()
     mt, nt, _ = cute.arch.block_idx()
     T = mX.shape[0]
@@ -49,21 +53,21 @@ def _gemm_kernel(mX: cute.Tensor, mXs: cute.Tensor, mW: cute.Tensor, mWs: cute.T
     n0 = nt * BN
 
     smem = cutlass.utils.SmemAllocator()
-    sA = smem.allocate_tensor(Float8E4M3FN, cute.make_layout((BM, BK, STAGES), stride=(PAD, 1, BM * PAD)),
-                              byte_alignment=128)
-    sB = smem.allocate_tensor(Float8E4M3FN, cute.make_layout((BN, BK, STAGES), stride=(PAD, 1, BN * PAD)),
-                              byte_alignment=128)
+    sA = smem.allocate_tensor(Float8E4M3FN, sA_layout.outer, byte_alignment=1024, swizzle=sA_layout.inner)
+    sB = smem.allocate_tensor(Float8E4M3FN, sB_layout.outer, byte_alignment=1024, swizzle=sB_layout.inner)
     sS = smem.allocate_tensor(Float32, cute.make_layout((BM, STAGES), stride=(1, BM)), byte_alignment=16)
-    sSS = smem.allocate_tensor(Float32, cute.make_layout((BM,)), byte_alignment=16)
     g16 = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), Float8E4M3FN,
                               num_bits_per_copy=128)
     g4 = cute.make_copy_atom(cpasync.CopyG2SOp(), Float32, num_bits_per_copy=32)
 
     thr_mma = tiled_mma.get_slice(tidx)
+    tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
+    tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
     acc = cute.make_rmem_tensor(thr_mma.partition_shape_C((BM, BN)), Float32)
+    blk = cute.make_rmem_tensor(thr_mma.partition_shape_C((BM, BN)), Float32)
     acc.fill(0.0)
-    acc_mn = _mn_view(acc)
-    tC = _mn_view(thr_mma.partition_C(cute.make_identity_tensor((BM, BN))))
+    blk.fill(0.0)
+    tC = thr_mma.partition_C(cute.make_identity_tensor((BM, BN)))
 
     for p in cutlass.range_constexpr(STAGES - 1):
         if p < nkb:
@@ -76,64 +80,53 @@ def _gemm_kernel(mX: cute.Tensor, mXs: cute.Tensor, mW: cute.Tensor, mWs: cute.T
             _issue(g16, g4, mX, mXs, mW, sA, sB, sS, m0, n0, nxt, nxt % STAGES, T, tidx)
         cute.arch.cp_async_commit_group()
         cute.arch.cp_async_wait_group(STAGES - 1)
+        cute.arch.fence_proxy("async.shared", space="cta")
         cute.arch.barrier()
         st = kb % STAGES
-        tAsA = thr_mma.partition_A(sA[None, None, st])
-        tBsB = thr_mma.partition_B(sB[None, None, st])
-        tArA = thr_mma.make_fragment_A(tAsA)
-        tBrB = thr_mma.make_fragment_B(tBsB)
-        blk = cute.make_rmem_tensor(thr_mma.partition_shape_C((BM, BN)), Float32)
-        blk.fill(0.0)
-        for k in cutlass.range_constexpr(cute.size(tAsA.shape[2])):
-            cute.autovec_copy(tAsA[None, None, k], tArA[None, None, k])
-            cute.autovec_copy(tBsB[None, None, k], tBrB[None, None, k])
-            cute.gemm(tiled_mma, blk, tArA[None, None, k], tBrB[None, None, k], blk)
+        # raw fp8 products of this 128-wide K block into blk (the first wgmma overwrites it)
+        cute.nvgpu.warpgroup.fence()
+        tiled_mma.set(Field.ACCUMULATE, False)
+        for k in cutlass.range_constexpr(cute.size(tCrA, mode=[2])):
+            cute.gemm(tiled_mma, blk, tCrA[None, None, k, st], tCrB[None, None, k, st], blk)
+            tiled_mma.set(Field.ACCUMULATE, True)
+        cute.nvgpu.warpgroup.commit_group()
+        cute.nvgpu.warpgroup.wait_group(0)
+        # per-block promotion: acc += blk * s_x[token, kb] * s_w[nb, kb]
         ws = mWs[nt, kb]
-        blk_mn = _mn_view(blk)
-        for r in cutlass.range_constexpr(cute.size(acc_mn.shape[0])):
-            sc = sS[tC[r, 0][0], st] * ws
-            for c in cutlass.range_constexpr(cute.size(acc_mn.shape[1])):
-                acc_mn[r, c] = acc_mn[r, c] + blk_mn[r, c] * sc
+        for i in cutlass.range_constexpr(cute.size(acc)):
+            acc[i] = acc[i] + blk[i] * (sS[tC[i][0], st] * ws)
         cute.arch.barrier()                       # stage st may be overwritten by the next issue
 
-    # ---- epilogue: head nt is q (nt < QH), k (QH <= nt < QH + KVH) or v
+    # ---- epilogue: head nt is q (nt < QH), k (QH <= nt < QH + KVH) or v. A warpgroup holds whole
+    # 128-column rows: thread (warp w, lane 4 g + t) owns rows 16 w + g and 16 w + g + 8 of its warpgroup's
+    # 64, columns 8 j + 2 t + {0, 1}; the row sums of squares need only the 4 lanes of a quad.
     qh = mOq.shape[1]
     kvh = mOk.shape[1]
-    if tidx < BM:
-        sSS[tidx] = Float32(0.0)
-    cute.arch.barrier()
-    is_norm = nt < qh + kvh
-    if is_norm:
-        lane = tidx % 32
-        for r in cutlass.range_constexpr(cute.size(acc_mn.shape[0])):
-            ps = Float32(0.0)
-            for c in cutlass.range_constexpr(cute.size(acc_mn.shape[1])):
-                ps = ps + acc_mn[r, c] * acc_mn[r, c]
-            ps = ps + cute.arch.shuffle_sync_bfly(ps, offset=1)
-            ps = ps + cute.arch.shuffle_sync_bfly(ps, offset=2)
-            if lane % 4 == 0:
-                cute.arch.atomic_add(sSS.iterator + tC[r, 0][0], ps)
-    cute.arch.barrier()
-    for r in cutlass.range_constexpr(cute.size(acc_mn.shape[0])):
-        rl = tC[r, 0][0]
-        row = m0 + rl
+    r_lo = tC[0][0] % 16                      # 0..7: this thread's first row within its 16-row slab
+    ss = cute.make_rmem_tensor((2,), Float32)
+    ss.fill(0.0)
+    for i in cutlass.range_constexpr(cute.size(acc)):
+        hi = (tC[i][0] % 16) != r_lo
+        v2 = acc[i] * acc[i]
+        ss[0] = ss[0] + cutlass.select_(hi, Float32(0.0), v2)
+        ss[1] = ss[1] + cutlass.select_(hi, v2, Float32(0.0))
+    for j in cutlass.range_constexpr(2):
+        ss[j] = ss[j] + cute.arch.shuffle_sync_bfly(ss[j], offset=1)
+        ss[j] = ss[j] + cute.arch.shuffle_sync_bfly(ss[j], offset=2)
+    inv = cute.make_rmem_tensor((2,), Float32)
+    for j in cutlass.range_constexpr(2):
+        inv[j] = cute.math.rsqrt(ss[j] / Float32(HD) + Float32(EPS))
+    for i in cutlass.range_constexpr(cute.size(acc)):
+        row = m0 + tC[i][0]
+        col = tC[i][1]
         if row < T:
+            iv = cutlass.select_((tC[i][0] % 16) != r_lo, inv[1], inv[0])
             if nt < qh:
-                inv = cute.math.rsqrt(sSS[rl] / Float32(HD) + Float32(EPS))
-                gO = mOq[row, nt, None]
-                for c in cutlass.range_constexpr(cute.size(acc_mn.shape[1])):
-                    col = tC[0, c][1]
-                    gO[col] = ((acc_mn[r, c] * inv) * Float32(mQn[col])).to(BFloat16)
+                mOq[row, nt, col] = ((acc[i] * iv) * Float32(mQn[col])).to(BFloat16)
             elif nt < qh + kvh:
-                inv = cute.math.rsqrt(sSS[rl] / Float32(HD) + Float32(EPS))
-                gO = mOk[row, nt - qh, None]
-                for c in cutlass.range_constexpr(cute.size(acc_mn.shape[1])):
-                    col = tC[0, c][1]
-                    gO[col] = ((acc_mn[r, c] * inv) * Float32(mKn[col])).to(BFloat16)
+                mOk[row, nt - qh, col] = ((acc[i] * iv) * Float32(mKn[col])).to(BFloat16)
             else:
-                gO = mOv[row, nt - qh - kvh, None]
-                for c in cutlass.range_constexpr(cute.size(acc_mn.shape[1])):
-                    gO[tC[0, c][1]] = acc_mn[r, c].to(BFloat16)
+                mOv[row, nt - qh - kvh, col] = acc[i].to(BFloat16)
 
 
 @cute.jit
@@ -164,21 +157,15 @@ def _issue(g16: cute.CopyAtom, g4: cute.CopyAtom, mX: cute.Tensor, mXs: cute.Ten
             dsts.fill(0.0)
 
 
-def _mn_view(acc: cute.Tensor) -> cute.Tensor:
-    """(rows, cols) view of an mma.sync accumulator partition ((2, 2), MMA_M, MMA_N)."""
-    lay = cute.make_layout(acc.layout.shape)
-    mn = cute.make_layout(
-        ((lay.shape[0][1], lay.shape[1]), (lay.shape[0][0], lay.shape[2])),
-        stride=((lay.stride[0][1], lay.stride[1]), (lay.stride[0][0], lay.stride[2])))
-    return cute.make_tensor(acc.iterator, cute.composition(acc.layout, mn))
-
-
 @cute.jit
 def _qkv(mX: cute.Tensor, mXs: cute.Tensor, mW: cute.Tensor, mWs: cute.Tensor, mQn: cute.Tensor, mKn: cute.Tensor,
          mOq: cute.Tensor, mOk: cute.Tensor, mOv: cute.Tensor, stream: cuda.CUstream):
     T = mX.shape[0]
-    tiled_mma = cute.make_tiled_mma(warp.MmaFP8Op(Float8E4M3FN, Float32, (16, 8, 32)), (4, 2, 1))
-    _gemm_kernel(mX, mXs, mW, mWs, mQn, mKn, mOq, mOk, mOv, tiled_mma).launch(
+    tiled_mma = sm90_utils.make_trivial_tiled_mma(Float8E4M3FN, Float8E4M3FN, OperandMajorMode.K, OperandMajorMode.K,
+                                                  Float32, (2, 1, 1), tiler_mn=(64, BN))
+    sA_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, (BM, BN, BK), Float8E4M3FN, STAGES)
+    sB_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, (BM, BN, BK), Float8E4M3FN, STAGES)
+    _gemm_kernel(mX, mXs, mW, mWs, mQn, mKn, mOq, mOk, mOv, sA_layout, sB_layout, tiled_mma).launch(
         grid=[(T + BM - 1) // BM, mW.shape[0] // BN, 1], block=[THREADS, 1, 1], stream=stream)
 
 

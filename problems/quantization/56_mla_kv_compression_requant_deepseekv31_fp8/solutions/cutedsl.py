@@ -1,21 +1,23 @@
 """DeepSeek-V3.1 MLA KV compression in FP8 (8192 tokens, hidden 7168 -> 512 latent + 64 rope dims), with
 latent RMSNorm, k_pe RoPE and FP8 re-quantization of the cache entry, in CuTe DSL. Two kernels:
 
-1. FP8 GEMM kv = dequant(x) dequant(W)^T on tensor cores (warp-level mma.sync m16n8k32 e4m3 x e4m3 ->
-   fp32; e4m3 products are exact): grid (T / 128, 576 / 64), 256 threads = 8 warps as 4 (M) x 2 (N),
-   CTA tile 128 x 64, one 128-wide K block (the scale granularity) per main-loop step. A 3-stage cp.async
-   ring (16-byte copies) holds the fp8 A / B tiles (rows padded to 144 B: conflict-free 32-bit fragment
-   loads) and the 128 per-(token, block) activation scales; the raw fp8 products of a K block accumulate
-   in a per-block fp32 tile that is then scaled by s_x[token, kb] * s_w[nb, kb] and added to the main fp32
-   accumulator (dequantization inside the kernel, DeepSeek-style per-block promotion). kv (fp32) goes to a
-   workspace [T, 576].
+1. FP8 GEMM kv = dequant(x) dequant(W)^T on Hopper tensor cores (wgmma.mma_async m64n64k32 e4m3 x e4m3 ->
+   fp32; e4m3 products are exact): grid (T / 128, 576 / 64), 256 threads = 2 warpgroups (64 rows x 64
+   columns each). One 128-wide K block (the scale granularity) per main-loop step: a 3-stage cp.async ring
+   (16-byte copies) fills the 128-byte-swizzled K-major shared layouts wgmma reads through its
+   descriptors, plus the 128 activation scales of the block; after cp.async wait + fence.proxy.async +
+   barrier, 4 wgmma (k32) write the raw products of the block into a per-block fp32 tile, wait_group 0, and
+   the tile is scaled by s_x[token, kb] * s_w[nb, kb] and added to the main fp32 accumulator
+   (dequantization inside the kernel, DeepSeek-style per-block promotion). kv (fp32) goes to a workspace
+   [T, 576].
 2. Epilogue (warp per token): RMSNorm of the 512 latent values (fp32, * kv_norm_weight) -> bf16
    kv_c_normed; per 128-wide tile amax -> scale = 2^ceil(log2(amax / 448)) and kv_fp8 = e4m3(latent / scale)
    (cvt.rn.satfinite, exact power-of-two division); interleaved-pair RoPE of the 64 k_pe values with
    cos/sin gathered at the token's position -> bf16.
-What limits it: the 68 GFLOP fp8 GEMM on warp-level mma.sync (SOL ~0.034 ms at the fp8 wgmma peak; expect
-~0.1-0.15 ms here); the 59 MB fp8 activation read is small. Next step: wgmma (fp8, smem operands via TMA)
-with the same per-block promotion.
+What limits it: the 68 GFLOP fp8 GEMM (SOL ~0.034 ms at the fp8 wgmma peak) with a per-block wait and
+promotion; 64 x 9 = 576 CTAs; expect ~0.06-0.08 ms; the 59 MB fp8 activation read and the 19 MB fp32
+workspace round trip are small. Next step: TMA + mbarrier pipeline, fusing the epilogue (a CTA would need
+all 576 columns of its rows).
 Host path: compiled once per process (tvm-ffi; T symbolic), torch tensors passed directly, launches on the
 caller's current torch stream; the fp32 kv workspace is cached per (device, T).
 
@@ -30,7 +32,10 @@ import torch
 import cutlass
 import cutlass.cute as cute
 from cutlass import BFloat16, Float32, Float8E4M3FN, Int32, Int64
-from cutlass.cute.nvgpu import cpasync, warp
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass.cute.nvgpu import cpasync
+from cutlass.cute.nvgpu.warpgroup import Field, OperandMajorMode
+from cutlass.tensor_utils import LayoutEnum
 
 BLOCK = 128
 FP8_MAX = 448.0
@@ -39,14 +44,13 @@ ROPE = 64
 NOUT = RANK + ROPE             # 576
 EPS = 1e-6
 BM, BN, BK = 128, 64, 128
-PAD = 144                      # padded fp8 row (bytes) in shared memory
 STAGES = 3
 THREADS = 256
 
 
 @cute.kernel
 def _gemm_kernel(mX: cute.Tensor, mXs: cute.Tensor, mW: cute.Tensor, mWs: cute.Tensor, mKV: cute.Tensor,
-                 tiled_mma: cute.TiledMma):
+                 sA_layout: cute.ComposedLayout, sB_layout: cute.ComposedLayout, tiled_mma: cute.TiledMma):
     tidx, _, _ = cute.arch.thread_idx()
     mt, nt, _ = cute.arch.block_idx()
     T = mX.shape[0]
@@ -56,20 +60,21 @@ def _gemm_kernel(mX: cute.Tensor, mXs: cute.Tensor, mW: cute.Tensor, mWs: cute.T
     nb = n0 // BLOCK
 
     smem = cutlass.utils.SmemAllocator()
-    sA = smem.allocate_tensor(Float8E4M3FN, cute.make_layout((BM, BK, STAGES), stride=(PAD, 1, BM * PAD)),
-                              byte_alignment=128)
-    sB = smem.allocate_tensor(Float8E4M3FN, cute.make_layout((BN, BK, STAGES), stride=(PAD, 1, BN * PAD)),
-                              byte_alignment=128)
+    sA = smem.allocate_tensor(Float8E4M3FN, sA_layout.outer, byte_alignment=1024, swizzle=sA_layout.inner)
+    sB = smem.allocate_tensor(Float8E4M3FN, sB_layout.outer, byte_alignment=1024, swizzle=sB_layout.inner)
     sS = smem.allocate_tensor(Float32, cute.make_layout((BM, STAGES), stride=(1, BM)), byte_alignment=16)
     g16 = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), Float8E4M3FN,
                               num_bits_per_copy=128)
     g4 = cute.make_copy_atom(cpasync.CopyG2SOp(), Float32, num_bits_per_copy=32)
 
     thr_mma = tiled_mma.get_slice(tidx)
+    tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
+    tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
     acc = cute.make_rmem_tensor(thr_mma.partition_shape_C((BM, BN)), Float32)
+    blk = cute.make_rmem_tensor(thr_mma.partition_shape_C((BM, BN)), Float32)
     acc.fill(0.0)
-    acc_mn = _mn_view(acc)
-    tC = _mn_view(thr_mma.partition_C(cute.make_identity_tensor((BM, BN))))
+    blk.fill(0.0)
+    tC = thr_mma.partition_C(cute.make_identity_tensor((BM, BN)))
 
     for p in cutlass.range_constexpr(STAGES - 1):
         if p < nkb:
@@ -82,33 +87,27 @@ def _gemm_kernel(mX: cute.Tensor, mXs: cute.Tensor, mW: cute.Tensor, mWs: cute.T
             _issue(g16, g4, mX, mXs, mW, sA, sB, sS, m0, n0, nxt, nxt % STAGES, T, tidx)
         cute.arch.cp_async_commit_group()
         cute.arch.cp_async_wait_group(STAGES - 1)
+        cute.arch.fence_proxy("async.shared", space="cta")
         cute.arch.barrier()
         st = kb % STAGES
-        sAs = sA[None, None, st]
-        sBs = sB[None, None, st]
-        tAsA = thr_mma.partition_A(sAs)
-        tBsB = thr_mma.partition_B(sBs)
-        tArA = thr_mma.make_fragment_A(tAsA)
-        tBrB = thr_mma.make_fragment_B(tBsB)
-        blk = cute.make_rmem_tensor(thr_mma.partition_shape_C((BM, BN)), Float32)
-        blk.fill(0.0)
-        for k in cutlass.range_constexpr(cute.size(tAsA.shape[2])):
-            cute.autovec_copy(tAsA[None, None, k], tArA[None, None, k])
-            cute.autovec_copy(tBsB[None, None, k], tBrB[None, None, k])
-            cute.gemm(tiled_mma, blk, tArA[None, None, k], tBrB[None, None, k], blk)
+        # raw fp8 products of this 128-wide K block into blk (the first wgmma overwrites it)
+        cute.nvgpu.warpgroup.fence()
+        tiled_mma.set(Field.ACCUMULATE, False)
+        for k in cutlass.range_constexpr(cute.size(tCrA, mode=[2])):
+            cute.gemm(tiled_mma, blk, tCrA[None, None, k, st], tCrB[None, None, k, st], blk)
+            tiled_mma.set(Field.ACCUMULATE, True)
+        cute.nvgpu.warpgroup.commit_group()
+        cute.nvgpu.warpgroup.wait_group(0)
+        # per-block promotion: acc += blk * s_x[token, kb] * s_w[nb, kb]
         ws = mWs[nb, kb]
-        blk_mn = _mn_view(blk)
-        for r in cutlass.range_constexpr(cute.size(acc_mn.shape[0])):
-            sc = sS[tC[r, 0][0], st] * ws
-            for c in cutlass.range_constexpr(cute.size(acc_mn.shape[1])):
-                acc_mn[r, c] = acc_mn[r, c] + blk_mn[r, c] * sc
+        for i in cutlass.range_constexpr(cute.size(acc)):
+            acc[i] = acc[i] + blk[i] * (sS[tC[i][0], st] * ws)
         cute.arch.barrier()                       # stage st may be overwritten by the next issue
 
-    for r in cutlass.range_constexpr(cute.size(acc_mn.shape[0])):
-        row = m0 + tC[r, 0][0]
+    for i in cutlass.range_constexpr(cute.size(acc)):
+        row = m0 + tC[i][0]
         if row < T:
-            for c in cutlass.range_constexpr(cute.size(acc_mn.shape[1])):
-                mKV[row, n0 + tC[0, c][1]] = acc_mn[r, c]
+            mKV[row, n0 + tC[i][1]] = acc[i]
 
 
 @cute.jit
@@ -137,15 +136,6 @@ def _issue(g16: cute.CopyAtom, g4: cute.CopyAtom, mX: cute.Tensor, mXs: cute.Ten
             cute.copy(g4, cute.zipped_divide(mXs[m0 + tidx, None], (1,))[(None, kb)], dsts)
         else:
             dsts.fill(0.0)
-
-
-def _mn_view(acc: cute.Tensor) -> cute.Tensor:
-    """(rows, cols) view of an mma.sync accumulator partition ((2, 2), MMA_M, MMA_N)."""
-    lay = cute.make_layout(acc.layout.shape)
-    mn = cute.make_layout(
-        ((lay.shape[0][1], lay.shape[1]), (lay.shape[0][0], lay.shape[2])),
-        stride=((lay.stride[0][1], lay.stride[1]), (lay.stride[0][0], lay.stride[2])))
-    return cute.make_tensor(acc.iterator, cute.composition(acc.layout, mn))
 
 
 @cute.kernel
@@ -202,9 +192,12 @@ def _epilogue_kernel(mKV: cute.Tensor, mNW: cute.Tensor, mPos: cute.Tensor, mCS:
 def _kvcomp(mX: cute.Tensor, mXs: cute.Tensor, mW: cute.Tensor, mWs: cute.Tensor, mNW: cute.Tensor,
             mPos: cute.Tensor, mCS: cute.Tensor, mKV: cute.Tensor, mC: cute.Tensor, mPe: cute.Tensor,
             mQ8: cute.Tensor, mScale: cute.Tensor, stream: cuda.CUstream):
-    tiled_mma = cute.make_tiled_mma(warp.MmaFP8Op(Float8E4M3FN, Float32, (16, 8, 32)), (4, 2, 1))
+    tiled_mma = sm90_utils.make_trivial_tiled_mma(Float8E4M3FN, Float8E4M3FN, OperandMajorMode.K, OperandMajorMode.K,
+                                                  Float32, (2, 1, 1), tiler_mn=(64, BN))
+    sA_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, (BM, BN, BK), Float8E4M3FN, STAGES)
+    sB_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, (BM, BN, BK), Float8E4M3FN, STAGES)
     T = mX.shape[0]
-    _gemm_kernel(mX, mXs, mW, mWs, mKV, tiled_mma).launch(
+    _gemm_kernel(mX, mXs, mW, mWs, mKV, sA_layout, sB_layout, tiled_mma).launch(
         grid=[(T + BM - 1) // BM, NOUT // BN, 1], block=[THREADS, 1, 1], stream=stream)
     _epilogue_kernel(mKV, mNW, mPos, mCS, mC, mPe, mQ8, mScale).launch(
         grid=[(T + 7) // 8, 1, 1], block=[THREADS, 1, 1], stream=stream)
