@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import math
 import statistics
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,50 +63,105 @@ def _done_keys(out: Path, tier: str, gpu: str | None) -> set[tuple[str, str, str
 
 
 def run_sweep(jobs: list[Job], out: Path, *, tier: str = "auto", verify_kwargs: dict[str, Any] | None = None,
-              parallel: int = 1) -> list[dict]:
+              parallel: int = 1, executor: str = "local", address: str | None = None) -> list[dict]:
     """Verify every job not already in ``out``; returns the new records. Shows a progress bar.
 
-    With ``parallel`` > 1 evaluations overlap: process start, imports, compilation and
-    correctness run side by side, while each visible GPU's lane lets one timed phase at a time
-    have that GPU (jobs are spread round-robin over the GPUs).
+    ``executor="local"`` (the default) runs a thread pool here: with ``parallel`` > 1 evaluations
+    overlap (process start, imports, compilation and correctness run side by side), while each
+    visible GPU's lane lets one timed phase at a time have that GPU (jobs are spread round-robin
+    over the GPUs). ``executor="ray"`` runs each evaluation as a Ray task on the cluster at
+    ``address`` (default: a local Ray instance), see :mod:`mkb_eval.ray_executor`; ``parallel`` is
+    then Ray's to decide. Both give the same records, written here and resumed the same way.
     """
-    import threading
-    from concurrent.futures import ThreadPoolExecutor
+    kwargs = verify_kwargs or {}
+    if executor == "ray":
+        from mkb_eval import ray_executor as R
 
+        started = R.connect(address)
+        try:
+            tier, gpu = R.tier_and_gpu(tier)
+            return _sweep(jobs, out, tier, gpu, R.describe(),
+                          lambda todo, sink: R.run_jobs(todo, tier, kwargs, sink.record, sink.failed))
+        finally:
+            if started:
+                import ray
+
+                ray.shutdown()
+    if executor != "local":
+        raise ValueError(f"executor must be 'local' or 'ray', not {executor!r}")
     import torch
+
+    tier = ("gpu" if torch.cuda.is_available() else "cpu") if tier == "auto" else tier
+    gpu = torch.cuda.get_device_properties(0).name if tier == "gpu" else None
+    n_lanes = max(1, torch.cuda.device_count() if tier == "gpu" else 1)
+    return _sweep(jobs, out, tier, gpu, f"{parallel} at a time, {n_lanes} GPU lane(s)",
+                  lambda todo, sink: _run_local(todo, tier, kwargs, parallel, n_lanes, sink))
+
+
+class _Sink:
+    """Where finished evaluations go, from any executor: the store, the progress bar, the new list."""
+
+    def __init__(self, out: Path, bar: Any, task: Any) -> None:
+        import threading
+
+        self.out, self.bar, self.task = out, bar, task
+        self.new: list[dict] = []
+        self.failures = 0
+        self._lock = threading.Lock()
+
+    def record(self, rec: dict) -> None:
+        with self._lock:
+            append_jsonl(self.out, rec)
+            self.new.append(rec)
+            self.bar.console.print(f"  {rec['problem'][:44]:44s} {rec['dsl']:8s} {rec['status']:15s} "
+                                   f"{_f(rec['timing'].get('kernel_ms'))} ms  x{_f(rec['timing'].get('speedup'), '.2f')}",
+                                   markup=False, highlight=False)
+            self.bar.advance(self.task)
+
+    def failed(self, job: Job, error: str) -> None:
+        """An evaluation that produced no record (infrastructure failure): said, not stored, retried next run."""
+        with self._lock:
+            self.failures += 1
+            self.bar.console.print(f"  {job.problem.name[:44]:44s} {job.dsl:8s} NOT RECORDED ({error}); "
+                                   "rerun the sweep to retry it", markup=False, highlight=False)
+            self.bar.advance(self.task)
+
+
+def _sweep(jobs: list[Job], out: Path, tier: str, gpu: str | None, how: str,
+           run: Callable[[list[Job], _Sink], None]) -> list[dict]:
+    """The part shared by the executors: skip what is done, show progress, store what ``run`` hands back."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    done = _done_keys(out, tier, gpu)
+    todo = [j for j in jobs if (j.problem.hash, j.dsl, j.kernel_sha256) not in done]
+    cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*cols) as bar:
+        sink = _Sink(out, bar, bar.add_task(f"verify ({tier}, {how}; {len(jobs) - len(todo)} already done)",
+                                            total=len(todo)))
+        run(todo, sink)
+        if sink.failures:
+            bar.console.print(f"{sink.failures} evaluation(s) not recorded; rerun the same sweep to retry them",
+                              markup=False, highlight=False)
+    return sink.new
+
+
+def _run_local(todo: list[Job], tier: str, verify_kwargs: dict[str, Any], parallel: int, n_lanes: int,
+               sink: _Sink) -> None:
+    """The thread pool; a harness exception ends the sweep (after the jobs already running)."""
+    from concurrent.futures import ThreadPoolExecutor
 
     from mkb_eval.harness.lanes import GpuLane
     from mkb_eval.harness.verify import verify
 
-    tier = ("gpu" if torch.cuda.is_available() else "cpu") if tier == "auto" else tier
-    gpu = torch.cuda.get_device_properties(0).name if tier == "gpu" else None
-    n_gpus = torch.cuda.device_count() if tier == "gpu" else 1
-    lanes = [GpuLane(i) for i in range(max(1, n_gpus))]
-    done = _done_keys(out, tier, gpu)
-    todo = [j for j in jobs if (j.problem.hash, j.dsl, j.kernel_sha256) not in done]
-    new: list[dict] = []
-    lock = threading.Lock()
-    cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*cols) as bar:
-        task = bar.add_task(f"verify ({tier}, {parallel} at a time, {len(lanes)} GPU lane(s); "
-                            f"{len(jobs) - len(todo)} already done)", total=len(todo))
+    lanes = [GpuLane(i) for i in range(n_lanes)]
 
-        def one(k: int, job: Job) -> None:
-            g = k % len(lanes)
-            rec = verify(job.problem, job.dsl, job.kernel, tier=tier, gpu=g, lane=lanes[g],
-                         **(verify_kwargs or {})).to_dict()
-            with lock:
-                append_jsonl(out, rec)
-                new.append(rec)
-                bar.console.print(f"  {rec['problem'][:44]:44s} {rec['dsl']:8s} {rec['status']:15s} "
-                                  f"{_f(rec['timing'].get('kernel_ms'))} ms  x{_f(rec['timing'].get('speedup'), '.2f')}")
-                bar.advance(task)
+    def one(k: int, job: Job) -> None:
+        g = k % n_lanes
+        sink.record(verify(job.problem, job.dsl, job.kernel, tier=tier, gpu=g, lane=lanes[g], **verify_kwargs).to_dict())
 
-        with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
-            for f in [pool.submit(one, k, j) for k, j in enumerate(todo)]:
-                f.result()
-    return new
+    with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
+        for f in [pool.submit(one, k, j) for k, j in enumerate(todo)]:
+            f.result()
 
 
 def _f(x: Any, spec: str = ".4f") -> str:

@@ -72,14 +72,20 @@ class Judge:
         return res, setup
 
 
+def compile_baseline_key(problem: Problem, size: str, env: dict[str, Any]) -> str:
+    return f"{problem.hash}|{size}|{env.get('gpu')}|{env.get('torch')}"
+
+
 def compile_baseline_cached(problem: Problem, size: str, env: dict[str, Any], cache_dir: Path,
-                            measure: Any) -> tuple[float | None, bool, str | None]:
+                            measure: Any | None) -> tuple[float | None, bool, str | None]:
     """torch.compile time per (problem hash, GPU, torch): measured once, then reused.
 
     Compiling the reference takes tens of seconds; the kernel-independent number need not be
-    paid again for every evaluation. Returns (ms, cached, error).
+    paid again for every evaluation (``scripts/problem_report.py`` fills the cache for every
+    problem at once, compiling in parallel). ``measure=None`` only looks up. Returns
+    (ms, cached, error).
     """
-    key = f"{problem.hash}|{size}|{env.get('gpu')}|{env.get('torch')}"
+    key = compile_baseline_key(problem, size, env)
     path = cache_dir / "compile_baselines.jsonl"
     if path.exists():
         for line in path.read_text().splitlines():
@@ -89,6 +95,8 @@ def compile_baseline_cached(problem: Problem, size: str, env: dict[str, Any], ca
                 continue
             if rec.get("key") == key:
                 return rec.get("ms"), True, rec.get("error")
+    if measure is None:
+        return None, False, None
     try:
         ms, err = float(measure()), None
     except Exception as e:  # noqa: BLE001 - torch.compile failing on a reference is a recorded fact

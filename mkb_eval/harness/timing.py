@@ -102,30 +102,32 @@ def time_draws(fn: Callable[..., Any], make: Callable[[int], list[Any]], warmup_
 
 
 def device_time_ms(fn: Callable[..., Any], inputs_list: list[list[Any]]) -> tuple[float | None, list[str]]:
-    """GPU time of the kernels one call launches (CUPTI via torch.profiler), median over calls.
+    """GPU time of the kernels one call launches (CUPTI via torch.profiler), mean over the calls.
 
-    Separates kernel quality from host call-path overhead. Returns (ms or None, kernel names).
+    Separates kernel quality from host call-path overhead. One profiler session covers all
+    calls: starting and stopping the profiler costs far more than the kernels. Returns
+    (ms or None, kernel names).
     """
     try:
         from torch.profiler import ProfilerActivity, profile
     except ImportError:
         return None, []
-    per_call: list[float] = []
+    if not inputs_list:
+        return None, []
     names: dict[str, None] = {}
     try:
-        for inputs in inputs_list:
-            torch.cuda.synchronize()
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for inputs in inputs_list:
                 fn(*inputs)
                 torch.cuda.synchronize()
-            total_us = 0.0
-            for ev in prof.events():
-                if ev.device_type == torch.autograd.DeviceType.CUDA:
-                    dur = float(ev.time_range.elapsed_us())
-                    if dur > 0:
-                        total_us += dur
-                        names.setdefault(ev.name, None)
-            per_call.append(total_us / 1e3)
+        total_us = 0.0
+        for ev in prof.events():
+            if ev.device_type == torch.autograd.DeviceType.CUDA:
+                dur = float(ev.time_range.elapsed_us())
+                if dur > 0:
+                    total_us += dur
+                    names.setdefault(ev.name, None)
     except Exception:
         return None, []
-    return (float(statistics.median(per_call)) if per_call else None), list(names)
+    return total_us / 1e3 / len(inputs_list), list(names)

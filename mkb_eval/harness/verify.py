@@ -215,11 +215,12 @@ class _Worker:
 
 def verify(problem: P.Problem | str | int, dsl: str, kernel: str | Path, *, tier: str = "auto",
            size: str | None = None, gpu: int = 0, lane: GpuLane | None = None, limits: Limits | None = None,
-           compile_baseline: bool = True, cache_dir: Path | None = None, keep_dir: bool = False) -> VerificationRecord:
+           compile_baseline: bool | str = True, cache_dir: Path | None = None, keep_dir: bool = False) -> VerificationRecord:
     """Verify ``kernel`` (a path to kernel.py) for ``problem`` in ``dsl``; never raises for candidate faults.
 
     ``gpu`` picks the device; ``lane`` is that GPU's timing lane when several evaluations run at
-    once (a private one otherwise).
+    once (a private one otherwise). ``compile_baseline="cached"`` takes the torch.compile time
+    from the cache only, so a sweep never compiles a reference inside a timing lane.
     """
     if dsl not in P.DSLS:
         raise ValueError(f"unknown DSL '{dsl}' (choose from {', '.join(P.DSLS)})")
@@ -363,7 +364,7 @@ def _run_cpu(rec: VerificationRecord, prob: P.Problem, dsl: str, root: Path, lim
 
 
 def _run_gpu(rec: VerificationRecord, prob: P.Problem, dsl: str, root: Path, size: str, gpu: int, lane: GpuLane,
-             limits: Limits, compile_baseline: bool, cache_dir: Path) -> None:
+             limits: Limits, compile_baseline: bool | str, cache_dir: Path) -> None:
     """Worker start → (lane shared) phase 1 + judging → (lane exclusive) timing + baselines → rechecks."""
     from mkb_eval.harness.judge import Judge
 
@@ -459,7 +460,7 @@ def _judge_rechecks(rec: VerificationRecord, judge: Any, job: dict[str, Any], ou
 
 
 def _baselines(rec: VerificationRecord, prob: P.Problem, judge: Any, job: dict[str, Any], size: str,
-               fin: dict[str, Any], compile_baseline: bool, cache_dir: Path) -> Timing:
+               fin: dict[str, Any], compile_baseline: bool | str, cache_dir: Path) -> Timing:
     """Kernel timing summary plus eager and torch.compile baselines (same GPU, same seeds)."""
     import statistics
 
@@ -480,7 +481,8 @@ def _baselines(rec: VerificationRecord, prob: P.Problem, judge: Any, job: dict[s
         def measure() -> float:
             return judge.time_reference(job["warmup_seeds"], job["timing_seeds"], compiled=True)[0].median_ms
 
-        t.compile_ms, t.compile_cached, err = compile_baseline_cached(prob, size, rec.env, cache_dir, measure)
+        t.compile_ms, t.compile_cached, err = compile_baseline_cached(
+            prob, size, rec.env, cache_dir, None if compile_baseline == "cached" else measure)
         if err:
             rec.flags.append("compile_baseline_failed")
         rec.stages_s["compile_baseline"] = round(time.perf_counter() - t0, 3)

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# One stage of a GPU session on the H200 host (after `source .gpu/install.sh`); each stage fits one
+# device call and leaves its logs and records under $OUT. State that later stages reuse (the
+# torch.compile cache, the resumable sweep file) lives under $MKB_STATE, which survives between
+# calls while the host stays warm.
+#   bash scripts/gpu_session.sh foundation|report|sweep|safety [extra args]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+: "${OUT:?set OUT to the folder whose files come back}"
+export MKB_STATE="${MKB_STATE:-$HOME/mkb_state}" MKB_CACHE_DIR="${MKB_STATE}/cache"
+export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 PYTHONUNBUFFERED=1
+mkdir -p "$MKB_STATE" "$MKB_CACHE_DIR"
+budget="${MKB_STAGE_S:-540}"          # seconds this stage may run (a call is capped at 600)
+stage="$1"; shift || true
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; python3 -c \
+  "import torch,importlib.metadata as m;print('torch',torch.__version__,'cutlass-dsl',m.version('nvidia-cutlass-dsl'),'tvm',m.version('apache-tvm'))"; } \
+  > "$OUT/env.txt" 2>&1
+case "$stage" in
+  foundation)
+    timeout 60 python3 -m mkb_eval.cli verify --problem 28 --dsl cutedsl --no-compile-baseline --json > "$OUT/smoke.json" 2> "$OUT/smoke.err"
+    MKB_GPU_RECORDS="$OUT/foundation.jsonl" timeout "$budget" python3 -m pytest -q -m gpu tests/harness/test_gpu.py \
+      -p no:cacheprovider -s "$@" 2>&1 | tee "$OUT/foundation.log" | tail -40 ;;
+  report)
+    timeout "$budget" python3 scripts/problem_report.py --out "$MKB_STATE/problem_report" --jobs "${JOBS:-12}" "$@" \
+      > "$OUT/report.log" 2>&1
+    tail -5 "$OUT/report.log"; cp "$MKB_STATE"/problem_report.* "$MKB_CACHE_DIR/compile_baselines.jsonl" "$OUT/" 2>/dev/null ;;
+  sweep)
+    timeout "$budget" python3 -m mkb_eval.cli verify --all --parallel "${PARALLEL:-6}" --cached-compile-baseline \
+      --out "$MKB_STATE/sweep.jsonl" "$@" > "$OUT/sweep.log" 2>&1
+    tail -30 "$OUT/sweep.log"; cp "$MKB_STATE/sweep.jsonl" "$OUT/" ;;
+  safety)
+    timeout "$budget" python3 -m mkb_eval.cli safety --tier gpu --md "$OUT/safety_gpu.md" "$@" > "$OUT/safety.log" 2>&1
+    tail -25 "$OUT/safety.log" ;;
+  *) echo "unknown stage '$stage'" >&2; exit 2 ;;
+esac
