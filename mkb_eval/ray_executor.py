@@ -13,11 +13,17 @@ check and the kernel hash see exactly what the local pool sees) and the problem 
 to the problems root (problems ship with the repository, which every node must have installed at
 the same commit; the task refuses to run when its copy of the problem hashes differently).
 
+Records are the local pool's, field for field, with two GPU-tier consequences of running on other
+processes and nodes: ``env.gpu_count`` is the one GPU the task was granted, and the torch.compile
+baseline cache is each node's own (``MKB_CACHE_DIR`` there), so ``--cached-compile-baseline`` needs
+it filled on every node, or a shared folder.
+
 Only the driver writes the JSONL store: results come back as record dicts and the caller's
-``emit`` appends them as they finish. A task that raises (its node died, the harness hit a bug,
-the problem copies differ) is an infrastructure failure, not a verdict on the kernel, and the
-closed record status set has no such status (``crashed`` means the candidate's worker died), so it
-is reported through ``fail`` and left unrecorded: the next run of the sweep retries it.
+``emit`` appends them as they finish. A task that raises (its node died and Ray's own retries ran
+out, the harness hit a bug, the problem copies differ) is an infrastructure failure, not a verdict
+on the kernel, and the closed record status set has no such status (``crashed`` means the
+candidate's worker died), so it is reported through ``fail`` and left unrecorded: the next run of
+the sweep retries it.
 """
 
 from __future__ import annotations

@@ -113,8 +113,9 @@ class _Sink:
         with self._lock:
             append_jsonl(self.out, rec)
             self.new.append(rec)
+            t = rec["timing"]
             self.bar.console.print(f"  {rec['problem'][:44]:44s} {rec['dsl']:8s} {rec['status']:15s} "
-                                   f"{_f(rec['timing'].get('kernel_ms'))} ms  x{_f(rec['timing'].get('speedup'), '.2f')}",
+                                   f"{_f(t.get('kernel_ms'))} ms  x{_f(t.get('speedup'), '.2f')}",
                                    markup=False, highlight=False)
             self.bar.advance(self.task)
 
@@ -157,7 +158,8 @@ def _run_local(todo: list[Job], tier: str, verify_kwargs: dict[str, Any], parall
 
     def one(k: int, job: Job) -> None:
         g = k % n_lanes
-        sink.record(verify(job.problem, job.dsl, job.kernel, tier=tier, gpu=g, lane=lanes[g], **verify_kwargs).to_dict())
+        rec = verify(job.problem, job.dsl, job.kernel, tier=tier, gpu=g, lane=lanes[g], **verify_kwargs)
+        sink.record(rec.to_dict())
 
     with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
         for f in [pool.submit(one, k, j) for k, j in enumerate(todo)]:

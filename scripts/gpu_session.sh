@@ -7,7 +7,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 : "${OUT:?set OUT to the folder whose files come back}"
-export MKB_STATE="${MKB_STATE:-$HOME/mkb_state}" MKB_CACHE_DIR="${MKB_STATE}/cache"
+export MKB_STATE="${MKB_STATE:-$HOME/mkb_state}"
+export MKB_CACHE_DIR="${MKB_STATE}/cache"
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 PYTHONUNBUFFERED=1
 mkdir -p "$MKB_STATE" "$MKB_CACHE_DIR"
 budget="${MKB_STAGE_S:-540}"          # seconds this stage may run (a call is capped at 600)

@@ -92,6 +92,7 @@ def main(argv: list[str]) -> int:
 
 def run(job: dict[str, Any], chan: Channel, progress: Any) -> dict[str, Any]:
     import torch
+    import torch._dynamo  # noqa: F401 - rewraps torch.manual_seed (lazily, e.g. on the first profiler use): before capturing
 
     from mkb_eval.harness import observe, tensors
     from mkb_eval.harness.timing import Clock, device_time_ms, time_draws
