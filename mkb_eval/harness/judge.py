@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,11 @@ from mkb_eval.harness.tolerance import Mismatch, compare, reference_numerics, ru
 from mkb_eval.problems import Problem, load_module
 
 
+# Seeding, input generation and the numerics flags are process-global: judges of concurrent
+# evaluations (sweep threads) take turns, or they would regenerate each other's inputs.
+_TURN = threading.RLock()
+
+
 class Judge:
     def __init__(self, problem: Problem, size: str, device: str) -> None:
         self.problem = problem
@@ -29,9 +35,10 @@ class Judge:
         self.device = device
 
     def inputs(self, seed: int) -> list[Any]:
-        torch.manual_seed(seed)
-        with reference_numerics():
-            return self.module.make_inputs(self.size, self.device)
+        with _TURN:
+            torch.manual_seed(seed)
+            with reference_numerics():
+                return self.module.make_inputs(self.size, self.device)
 
     def expected(self, inputs: list[Any]) -> tuple[Any, Any]:
         ref = run_reference(self.module.reference, inputs)
@@ -40,6 +47,10 @@ class Judge:
 
     def check(self, seed: int, out_path: Path, worker_digests: list[Any] | None = None) -> Mismatch | None:
         """Judge one saved output of the candidate against the reference for ``seed``."""
+        with _TURN:
+            return self._check(seed, out_path, worker_digests)
+
+    def _check(self, seed: int, out_path: Path, worker_digests: list[Any] | None) -> Mismatch | None:
         inputs = self.inputs(seed)
         if worker_digests is not None:
             for pos, (after, before) in enumerate(zip(worker_digests, tensors.digests(inputs))):
@@ -54,6 +65,10 @@ class Judge:
 
     def time_reference(self, warmup: list[int], timing: list[int], compiled: bool = False) -> tuple[TimingResult, float]:
         """Eager (or torch.compile) reference timed with the candidate's procedure; (result, setup s)."""
+        with _TURN:
+            return self._time_reference(warmup, timing, compiled)
+
+    def _time_reference(self, warmup: list[int], timing: list[int], compiled: bool) -> tuple[TimingResult, float]:
         fn = self.module.reference
         setup = 0.0
         if compiled:
