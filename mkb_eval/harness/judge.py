@@ -7,6 +7,7 @@ the expected outputs nor influence how they are computed or compared.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -64,8 +65,14 @@ class Judge:
         return compare(out, ref, anchor, self.problem.tolerance_factor)
 
     def time_reference(self, warmup: list[int], timing: list[int], compiled: bool = False) -> tuple[TimingResult, float]:
-        """Eager (or torch.compile) reference timed with the candidate's procedure; (result, setup s)."""
-        with _TURN:
+        """Eager (or torch.compile) reference timed with the candidate's procedure; (result, setup s).
+
+        The judge's GPU is made the thread's current device: CUDA events record on, and
+        ``torch.cuda.synchronize()`` waits for, the current device only, so timing ``cuda:1``
+        from a thread whose current device is ``cuda:0`` would measure host time alone.
+        """
+        dev = torch.device(self.device)
+        with _TURN, (torch.cuda.device(dev) if dev.type == "cuda" else contextlib.nullcontext()):
             return self._time_reference(warmup, timing, compiled)
 
     def _time_reference(self, warmup: list[int], timing: list[int], compiled: bool) -> tuple[TimingResult, float]:

@@ -241,7 +241,7 @@ def verify(problem: P.Problem | str | int, dsl: str, kernel: str | Path, *, tier
         status="crashed", problem_id=prob.id, problem=prob.name, problem_hash=prob.hash, dsl=dsl,
         kernel_sha256=hashlib.sha256(source.encode()).hexdigest(), tier=tier, size=size,
         created_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        env=describe(gpu=tier == "gpu"))
+        env={**describe(gpu=tier == "gpu"), **({"gpu_index": gpu} if tier == "gpu" else {})})
     pol = check_source(source, kernel.name)
     rec.flags, rec.policy_details = list(pol.flags), list(pol.details)
     if {"syntax_error", "missing_solve"} & set(pol.flags):
