@@ -101,7 +101,7 @@ def _sweep(args: argparse.Namespace, limits: Any) -> int:
             print(f"mkb verify: {e}", file=sys.stderr)
             return 2
     sweep.run_sweep(jobs, out, tier=args.tier, parallel=args.parallel, executor=args.executor,
-                    address=args.address, verify_kwargs={
+                    address=args.address, warm=args.warm, verify_kwargs={
         "size": args.size, "limits": limits, "compile_baseline": _compile_mode(args)})
     from mkb_eval.records import read_jsonl
 
@@ -213,6 +213,8 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--size", choices=P.SIZES, help="default: full on a GPU, smoke on the CPU tier")
     v.add_argument("--timeout", type=float, default=300.0, help="seconds per phase")
     v.add_argument("--no-compile-baseline", action="store_true", help="skip the torch.compile baseline")
+    v.add_argument("--warm", action="store_true",
+                   help="sweeps: start each evaluation's worker ahead of need, toolchains preloaded (still one process per evaluation)")
     v.add_argument("--cached-compile-baseline", action="store_true",
                    help="take torch.compile times from the cache only (filled by scripts/problem_report.py)")
     v.add_argument("--out", help="append records to this JSONL file (sweeps: default runs/verify.jsonl)")

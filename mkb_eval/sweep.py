@@ -63,7 +63,7 @@ def _done_keys(out: Path, tier: str, gpu: str | None) -> set[tuple[str, str, str
 
 
 def run_sweep(jobs: list[Job], out: Path, *, tier: str = "auto", verify_kwargs: dict[str, Any] | None = None,
-              parallel: int = 1, executor: str = "local", address: str | None = None) -> list[dict]:
+              parallel: int = 1, executor: str = "local", address: str | None = None, warm: bool = False) -> list[dict]:
     """Verify every job not already in ``out``; returns the new records. Shows a progress bar.
 
     ``executor="local"`` (the default) runs a thread pool here: with ``parallel`` > 1 evaluations
@@ -72,6 +72,7 @@ def run_sweep(jobs: list[Job], out: Path, *, tier: str = "auto", verify_kwargs: 
     over the GPUs). ``executor="ray"`` runs each evaluation as a Ray task on the cluster at
     ``address`` (default: a local Ray instance), see :mod:`mkb_eval.ray_executor`; ``parallel`` is
     then Ray's to decide. Both give the same records, written here and resumed the same way.
+    ``warm`` (local executor) takes each evaluation's worker from a :class:`WarmPool`.
     """
     kwargs = verify_kwargs or {}
     if executor == "ray":
@@ -94,8 +95,8 @@ def run_sweep(jobs: list[Job], out: Path, *, tier: str = "auto", verify_kwargs: 
     tier = ("gpu" if torch.cuda.is_available() else "cpu") if tier == "auto" else tier
     gpu = torch.cuda.get_device_properties(0).name if tier == "gpu" else None
     n_lanes = max(1, torch.cuda.device_count() if tier == "gpu" else 1)
-    return _sweep(jobs, out, tier, gpu, f"{parallel} at a time, {n_lanes} GPU lane(s)",
-                  lambda todo, sink: _run_local(todo, tier, kwargs, parallel, n_lanes, sink))
+    return _sweep(jobs, out, tier, gpu, f"{parallel} at a time, {n_lanes} GPU lane(s){', warm workers' if warm else ''}",
+                  lambda todo, sink: _run_local(todo, tier, kwargs, parallel, n_lanes, sink, warm))
 
 
 class _Sink:
@@ -147,21 +148,27 @@ def _sweep(jobs: list[Job], out: Path, tier: str, gpu: str | None, how: str,
 
 
 def _run_local(todo: list[Job], tier: str, verify_kwargs: dict[str, Any], parallel: int, n_lanes: int,
-               sink: _Sink) -> None:
+               sink: _Sink, warm: bool = False) -> None:
     """The thread pool; a harness exception ends the sweep (after the jobs already running)."""
+    import contextlib
     from concurrent.futures import ThreadPoolExecutor
 
     from mkb_eval.harness.lanes import GpuLane
-    from mkb_eval.harness.verify import verify
+    from mkb_eval.harness.pool import WarmPool
+    from mkb_eval.harness.verify import Limits, verify
 
     lanes = [GpuLane(i) for i in range(n_lanes)]
+    workers = WarmPool(per_key=-(-max(1, parallel) // n_lanes), limit=len(todo)) if warm else None
+    if workers is not None and todo:
+        for g in range(n_lanes):
+            workers.fill(tier, g, verify_kwargs.get("limits") or Limits())
 
     def one(k: int, job: Job) -> None:
         g = k % n_lanes
-        rec = verify(job.problem, job.dsl, job.kernel, tier=tier, gpu=g, lane=lanes[g], **verify_kwargs)
+        rec = verify(job.problem, job.dsl, job.kernel, tier=tier, gpu=g, lane=lanes[g], pool=workers, **verify_kwargs)
         sink.record(rec.to_dict())
 
-    with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
+    with workers or contextlib.nullcontext(), ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
         for f in [pool.submit(one, k, j) for k, j in enumerate(todo)]:
             f.result()
 

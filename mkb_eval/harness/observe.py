@@ -167,6 +167,21 @@ def install_tirx() -> None:
         tvm.compile = counted_compile  # type: ignore[assignment]
 
 
+_PRELOAD = {
+    "cutedsl": ("cutlass", "cutlass.cute", "cutlass.cute.runtime", "cuda.bindings.driver", "cutlass.utils",
+                "cutlass.pipeline", "cutlass.base_dsl.jit_executor", "cutlass.cutlass_dsl"),
+    "tirx": ("tvm", "tvm_ffi", "tvm.script"),
+}
+
+
+def preload(dsl: str) -> None:
+    """Import a toolchain's modules without observing anything (a warm worker, before its job)."""
+    import importlib
+
+    for name in _PRELOAD[dsl]:
+        importlib.import_module(name)
+
+
 def install(dsl: str) -> None:
     """Install the observers for one DSL (imports the DSL toolchain)."""
     if dsl == "cutedsl":

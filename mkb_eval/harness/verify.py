@@ -82,25 +82,24 @@ def _tail(path: Path, n: int = OUTPUT_TAIL) -> str:
 class _Worker:
     """One worker process in its own session, sandbox, temp dir and DSL caches.
 
-    The job (with the secret seeds) goes through a pipe, never through a file.
+    Spawned before its job is known (so a warm pool can start it ahead of need); the job, with
+    the secret seeds, goes through a pipe, never through a file, when ``start`` is called.
     """
 
-    def __init__(self, job: dict[str, Any], root: Path, limits: Limits, env_extra: dict[str, str]) -> None:
-        import json
-
+    def __init__(self, root: Path, limits: Limits, env_extra: dict[str, str], preload: bool = False) -> None:
         self.root = root
         self.limits = limits
+        self.preloaded = preload
         self.sentinel = secrets.token_hex(16)
         self.channel = root / "channel"
         self.gate_r, self.gate_w = os.pipe()
         self.killed_for: str | None = None
         self._next_watch = 0.0
-        job = {**job, "sentinel": self.sentinel, "channel": str(self.channel), "gate_fd": self.gate_r}
         work = root / "work"
         env = _scrubbed_env({
             "TMPDIR": str(root / "tmp"), "CUTE_DSL_DISABLE_FILE_CACHING": "1", "CUTE_DSL_CACHE_DIR": str(root / "cute_cache"),
             "XDG_CACHE_HOME": str(root / "cache"), "TVM_HOME": str(root / "tvm"), "PYTHONDONTWRITEBYTECODE": "1",
-            "PYTHONUNBUFFERED": "1", **env_extra,
+            "PYTHONUNBUFFERED": "1", **({"MKB_WORKER_PRELOAD": "1"} if preload else {}), **env_extra,
         })
         self.sandbox = Sandbox.create(limits.sandbox)
         self.stdout, self.stderr = root / "stdout.txt", root / "stderr.txt"
@@ -110,6 +109,11 @@ class _Worker:
                 stdin=subprocess.PIPE, stdout=so, stderr=se, start_new_session=True, pass_fds=(self.gate_r,),
                 preexec_fn=self.sandbox.preexec)
         os.close(self.gate_r)
+
+    def start(self, job: dict[str, Any]) -> None:
+        import json
+
+        job = {**job, "sentinel": self.sentinel, "channel": str(self.channel), "gate_fd": self.gate_r}
         assert self.proc.stdin is not None
         try:
             self.proc.stdin.write(json.dumps(job).encode())
@@ -195,6 +199,7 @@ class _Worker:
     def facts(self) -> dict[str, str]:
         net = [m.get("network") for m in self.messages() if m.get("stage") == "setup"]
         return {**self.sandbox.facts, "network": net[-1] if net else "unknown (worker never started)",
+                "worker": "warm (started ahead, toolchains preloaded)" if self.preloaded else "cold",
                 "leftover_processes": str(getattr(self, "leftover", 0))}
 
     def death(self) -> str:
@@ -215,12 +220,14 @@ class _Worker:
 
 def verify(problem: P.Problem | str | int, dsl: str, kernel: str | Path, *, tier: str = "auto",
            size: str | None = None, gpu: int = 0, lane: GpuLane | None = None, limits: Limits | None = None,
-           compile_baseline: bool | str = True, cache_dir: Path | None = None, keep_dir: bool = False) -> VerificationRecord:
+           compile_baseline: bool | str = True, cache_dir: Path | None = None, keep_dir: bool = False,
+           pool: Any = None) -> VerificationRecord:
     """Verify ``kernel`` (a path to kernel.py) for ``problem`` in ``dsl``; never raises for candidate faults.
 
     ``gpu`` picks the device; ``lane`` is that GPU's timing lane when several evaluations run at
     once (a private one otherwise). ``compile_baseline="cached"`` takes the torch.compile time
-    from the cache only, so a sweep never compiles a reference inside a timing lane.
+    from the cache only, so a sweep never compiles a reference inside a timing lane. ``pool`` (a
+    :class:`~mkb_eval.harness.pool.WarmPool`) supplies a worker started ahead of need.
     """
     if dsl not in P.DSLS:
         raise ValueError(f"unknown DSL '{dsl}' (choose from {', '.join(P.DSLS)})")
@@ -253,16 +260,16 @@ def verify(problem: P.Problem | str | int, dsl: str, kernel: str | Path, *, tier
         rec.message = "forbidden: " + "; ".join(d for d in pol.details if d.split(":")[0] in pol.violations)
         return rec
 
-    root = Path(tempfile.mkdtemp(prefix="mkb-eval-"))
-    for sub in ("work", "tmp", "out", "dump", "cache", "cute_cache", "tvm"):
-        (root / sub).mkdir()
+    w = (pool.take(tier, gpu, limits) if pool is not None else None) or spawn_worker(tier, gpu, limits)
+    root = w.root
     shutil.copyfile(kernel, root / "work" / "kernel.py")
     try:
         if tier == "cpu":
-            _run_cpu(rec, prob, dsl, root, limits)
+            _run_cpu(rec, prob, dsl, w, limits)
         else:
-            _run_gpu(rec, prob, dsl, root, size, gpu, lane or GpuLane(gpu), limits, compile_baseline, cache_dir)
+            _run_gpu(rec, prob, dsl, w, size, gpu, lane or GpuLane(gpu), limits, compile_baseline, cache_dir)
     finally:
+        w.kill()
         rec.stages_s["total"] = round(time.perf_counter() - t_start, 3)
         if not keep_dir:
             shutil.rmtree(root, ignore_errors=True)
@@ -322,7 +329,7 @@ def _fail_from_worker(rec: VerificationRecord, w: _Worker, how: str, timeout: fl
         rec.message = f"worker {w.death()} during {rec.stage}"
 
 
-def _run_cpu(rec: VerificationRecord, prob: P.Problem, dsl: str, root: Path, limits: Limits) -> None:
+def _run_cpu(rec: VerificationRecord, prob: P.Problem, dsl: str, w: _Worker, limits: Limits) -> None:
     import torch
 
     from mkb_eval.harness.judge import Judge
@@ -330,6 +337,7 @@ def _run_cpu(rec: VerificationRecord, prob: P.Problem, dsl: str, root: Path, lim
     from mkb_eval.harness import tensors
     from mkb_eval.harness.tolerance import check_structure
 
+    root = w.root
     job = _job(prob, dsl, root, "cpu", "smoke", "cpu")
     t0 = time.perf_counter()
     judge = Judge(prob, "smoke", "cpu")
@@ -337,8 +345,7 @@ def _run_cpu(rec: VerificationRecord, prob: P.Problem, dsl: str, root: Path, lim
     rec.stages_s["reference_smoke"] = round(time.perf_counter() - t0, 3)
     rec.correctness["reference_smoke"] = "ok"
     del torch
-    w = _Worker(job, root, limits, {"CUTE_DSL_ARCH": "sm_90a", "CUTE_DSL_KEEP": "ptx,cubin",
-                                    "CUTE_DSL_DUMP_DIR": str(root / "dump"), "CUDA_VISIBLE_DEVICES": ""})
+    w.start(job)
     try:
         msg, how = w.wait_for(("final",), limits.cpu_s)
         out_path = root / "out" / "cpu_out.pt"
@@ -363,16 +370,15 @@ def _run_cpu(rec: VerificationRecord, prob: P.Problem, dsl: str, root: Path, lim
         rec.sandbox = w.facts()
 
 
-def _run_gpu(rec: VerificationRecord, prob: P.Problem, dsl: str, root: Path, size: str, gpu: int, lane: GpuLane,
+def _run_gpu(rec: VerificationRecord, prob: P.Problem, dsl: str, w: _Worker, size: str, gpu: int, lane: GpuLane,
              limits: Limits, compile_baseline: bool | str, cache_dir: Path) -> None:
     """Worker start → (lane shared) phase 1 + judging → (lane exclusive) timing + baselines → rechecks."""
     from mkb_eval.harness.judge import Judge
 
-    job = _job(prob, dsl, root, "gpu", size, "cuda:0")           # the worker sees one GPU
-    device = f"cuda:{gpu}"
-    judge = Judge(prob, size, device)
-    out = root / "out"
-    w = _Worker(job, root, limits, {"CUDA_VISIBLE_DEVICES": _physical_gpu(gpu)})
+    job = _job(prob, dsl, w.root, "gpu", size, "cuda:0")         # the worker sees one GPU
+    judge = Judge(prob, size, f"cuda:{gpu}")
+    out = w.root / "out"
+    w.start(job)
     try:
         t0 = time.perf_counter()
         msg, how = w.wait_for(("ready", "final"), limits.correctness_s)
@@ -412,6 +418,16 @@ def _run_gpu(rec: VerificationRecord, prob: P.Problem, dsl: str, root: Path, siz
     rec.status, rec.stage = "ok", "done"
     rec.message = (f"passed {CORRECTNESS_DRAWS} draws + {RECHECKS} timed rechecks; {timing.kernel_ms:.4f} ms vs eager "
                    f"{timing.eager_ms:.4f} ms ({timing.speedup:.2f}x)")
+
+
+def spawn_worker(tier: str, gpu: int, limits: Limits, preload: bool = False) -> _Worker:
+    """A fresh worker process in a fresh evaluation folder, waiting for its job."""
+    root = Path(tempfile.mkdtemp(prefix="mkb-eval-"))
+    for sub in ("work", "tmp", "out", "dump", "cache", "cute_cache", "tvm"):
+        (root / sub).mkdir()
+    env = ({"CUTE_DSL_ARCH": "sm_90a", "CUTE_DSL_KEEP": "ptx,cubin", "CUTE_DSL_DUMP_DIR": str(root / "dump"),
+            "CUDA_VISIBLE_DEVICES": ""} if tier == "cpu" else {"CUDA_VISIBLE_DEVICES": _physical_gpu(gpu)})
+    return _Worker(root, limits, env, preload)
 
 
 def _physical_gpu(index: int) -> str:

@@ -59,9 +59,28 @@ class Stop(Exception):
         self.status, self.message, self.extra = status, message, extra
 
 
+def _preload() -> None:
+    """A warm-pool worker imports torch and both toolchains while it waits for a job."""
+    import torch  # noqa: F401
+    import torch._dynamo  # noqa: F401
+
+    for dsl in ("cutedsl", "tirx"):
+        try:
+            from mkb_eval.harness import observe
+
+            observe.preload(dsl)
+        except Exception:  # noqa: BLE001 - the job's own import reports a broken toolchain
+            pass
+
+
 def main(argv: list[str]) -> int:
-    job = json.loads(sys.stdin.read())       # the seeds never touch the disk
+    if os.environ.get("MKB_WORKER_PRELOAD") == "1":
+        _preload()
+    data = sys.stdin.read()                  # the seeds never touch the disk
     sys.stdin.close()
+    if not data.strip():                     # a warm worker whose parent left without a job
+        os._exit(0)
+    job = json.loads(data)
     chan = Channel(job["channel"], job["sentinel"])
     stage = "start"
 

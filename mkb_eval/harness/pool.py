@@ -1,0 +1,83 @@
+"""Warm workers: each evaluation still gets a fresh process, but one started ahead of need.
+
+A worker is spawned with its evaluation folder, sandbox and environment, imports torch and both
+DSL toolchains, then blocks reading its job. Taking one hands that process to a single
+evaluation (it is never reused) and immediately spawns its replacement, so the 5-8 s of process
+start and imports overlap the previous evaluation instead of adding to it. A worker holds no job,
+seed or candidate code until it is taken; an idle one left behind exits when its stdin closes.
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+from typing import Any
+
+
+class WarmPool:
+    """``per_key`` idle workers for every (tier, GPU, sandbox caps) combination asked for.
+
+    ``limit`` caps the workers ever started (a sweep knows how many evaluations it has), so no
+    process is started, and no CPU spent preloading, for an evaluation that will never come.
+    """
+
+    def __init__(self, per_key: int = 1, limit: int | None = None) -> None:
+        self.per_key = max(1, per_key)
+        self.limit = limit
+        self._idle: dict[tuple, list[Any]] = {}
+        self._lock = threading.Lock()
+        self.taken = self.spawned = 0
+
+    @staticmethod
+    def _key(tier: str, gpu: int, limits: Any) -> tuple:
+        return tier, gpu if tier == "gpu" else 0, repr(limits.sandbox)
+
+    def _spawn(self, tier: str, gpu: int, limits: Any) -> Any:
+        from mkb_eval.harness.verify import spawn_worker
+
+        self.spawned += 1
+        return spawn_worker(tier, gpu, limits, preload=True)
+
+    def fill(self, tier: str, gpu: int, limits: Any) -> None:
+        """Start workers for this key up to ``per_key`` (e.g. before a sweep begins)."""
+        key = self._key(tier, gpu, limits)
+        with self._lock:
+            idle = self._idle.setdefault(key, [])
+            idle[:] = [w for w in idle if w.proc.poll() is None]
+            while len(idle) < self.per_key and (self.limit is None or self.spawned < self.limit):
+                idle.append(self._spawn(tier, gpu, limits))
+
+    def take(self, tier: str, gpu: int, limits: Any) -> Any | None:
+        """A live started worker for this evaluation (or None), replaced at once by a new one."""
+        key = self._key(tier, gpu, limits)
+        with self._lock:
+            idle = self._idle.setdefault(key, [])
+            w = None
+            while idle and w is None:
+                cand = idle.pop(0)
+                if cand.proc.poll() is None:
+                    w = cand
+                else:
+                    _discard(cand)
+            self.taken += w is not None
+        self.fill(tier, gpu, limits)
+        return w
+
+    def close(self) -> None:
+        """Stop every idle worker and remove its folder."""
+        with self._lock:
+            for idle in self._idle.values():
+                for w in idle:
+                    _discard(w)
+            self._idle.clear()
+
+    def __enter__(self) -> WarmPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _discard(w: Any) -> None:
+    w.kill()
+    shutil.rmtree(w.root, ignore_errors=True)

@@ -1,0 +1,44 @@
+"""Warm workers: same records as cold ones, replaced when taken, capped, and no process left behind."""
+
+from pathlib import Path
+
+from mkb_eval import problems as P
+from mkb_eval.harness.pool import WarmPool
+from mkb_eval.harness.verify import Limits, spawn_worker, verify
+
+VOLATILE = ("created_at", "stages_s", "sandbox", "stdout_tail", "stderr_tail")
+
+
+def _stable(rec: dict) -> dict:
+    return {k: v for k, v in rec.items() if k not in VOLATILE}
+
+
+def test_warm_worker_gives_the_record_a_cold_one_gives():
+    p36 = P.find(36)
+    with WarmPool() as pool:
+        pool.fill("cpu", 0, Limits())
+        warm = verify(p36, "tirx", p36.solution_path("tirx"), tier="cpu", pool=pool).to_dict()
+        assert pool.taken == 1 and pool.spawned == 2          # the taken worker was replaced at once
+    cold = verify(p36, "tirx", p36.solution_path("tirx"), tier="cpu").to_dict()
+    assert warm["status"] == cold["status"] == "unverified", warm["message"]
+    assert warm["sandbox"]["worker"].startswith("warm") and cold["sandbox"]["worker"] == "cold"
+    assert _stable(warm) == _stable(cold)
+
+
+def test_pool_close_stops_idle_workers_and_removes_their_folders():
+    pool = WarmPool(per_key=2, limit=3)
+    pool.fill("cpu", 0, Limits())
+    w = pool.take("cpu", 0, Limits())
+    assert w is not None and pool.spawned == 3                 # capped: no fourth worker for nothing
+    idle = [x for xs in pool._idle.values() for x in xs]
+    pool.close()
+    for x in idle:
+        assert x.proc.poll() is not None and not Path(x.root).exists()
+    w.kill()
+
+
+def test_a_worker_whose_parent_leaves_without_a_job_exits_cleanly():
+    w = spawn_worker("cpu", 0, Limits(), preload=True)
+    w.proc.stdin.close()
+    assert w.proc.wait(timeout=120) == 0
+    w.kill()
