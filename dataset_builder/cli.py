@@ -162,6 +162,14 @@ def _skills_check(args: argparse.Namespace) -> int:
     return 1 if flagged else 0
 
 
+def _skills_seal(args: argparse.Namespace) -> int:
+    from mkb_eval.skills.corpus import seal_file
+
+    for f in args.files:
+        print(f"{f}: sha256 {seal_file(Path(f))}")
+    return 0
+
+
 def _skills_index(args: argparse.Namespace) -> int:
     from mkb_eval.skills.corpus import CORPUS_ROOT, read_corpus
     from mkb_eval.skills.index import update_readme
@@ -228,6 +236,10 @@ def register(subparsers: Any) -> None:
     k = ssub.add_parser("check", help="validate corpus files and flag skills with code or DSL API calls")
     sources(k)
     k.set_defaults(fn=_guard("mkb skills check", _skills_check))
+
+    sl = ssub.add_parser("seal", help="set the sha256 in a skill file's front matter to its text's")
+    sl.add_argument("files", nargs="+")
+    sl.set_defaults(fn=_guard("mkb skills seal", _skills_seal))
 
     i = ssub.add_parser("index", help="regenerate the index in the corpus README")
     i.add_argument("--corpus", help="skills corpus folder (default: the repo's skills_corpus/)")

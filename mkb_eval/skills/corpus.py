@@ -19,7 +19,7 @@ import yaml
 
 from mkb_eval.frontmatter import split_front_matter as _split
 
-from mkb_eval.skills.model import Outcome, Skill, SkillError
+from mkb_eval.skills.model import Outcome, Skill, SkillError, sha256_text
 
 _REPO_ROOT = Path(__file__).resolve().parents[2]
 CORPUS_ROOT = _REPO_ROOT / "skills_corpus"
@@ -73,6 +73,21 @@ def parse_skill_file(path: Path, corpus: Path) -> Skill:
         raise SkillError(f"{path}: the text's sha256 {skill.sha256[:12]}... differs from the front matter's "
                          f"{meta['sha256'][:12]}... (edited after release?)")
     return skill
+
+
+def seal_file(path: Path) -> str:
+    """Set the front matter's sha256 to the text's (after the maintainers edit a skill); returns it."""
+    import re
+
+    raw = path.read_bytes().decode("utf-8")
+    _, body = split_front_matter(raw, str(path))
+    digest = sha256_text(body)
+    head, sep, rest = raw.partition(body) if body else (raw, "", "")
+    head, n = re.subn(r"(?m)^sha256:.*$", f"sha256: {digest}", head, count=1)
+    if n != 1:
+        raise SkillError(f"{path}: no 'sha256:' line in the front matter")
+    path.write_bytes((head + sep + rest).encode("utf-8"))
+    return digest
 
 
 def corpus_files(corpus: Path) -> list[Path]:

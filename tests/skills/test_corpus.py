@@ -2,7 +2,8 @@ from pathlib import Path
 
 import pytest
 
-from mkb_eval.skills.corpus import corpus_files, parse_skill_file, read_corpus, render_release, write_release
+from mkb_eval.skills.corpus import (corpus_files, parse_skill_file, read_corpus, render_release, seal_file,
+                                    write_release)
 from mkb_eval.skills.model import Skill, SkillError
 from tests.skills.conftest import MAINTAINER_SKILL
 
@@ -22,6 +23,14 @@ def test_edited_text_no_longer_matches_its_sha256(corpus_dir: Path):
     path.write_text(path.read_text() + "- one more line\n")
     with pytest.raises(SkillError, match=r"sha256 .* differs"):
         read_corpus(corpus_dir)
+
+
+def test_seal_makes_an_edited_file_valid_again(corpus_dir: Path):
+    [path] = corpus_files(corpus_dir)
+    path.write_text(path.read_text() + "## What transferred\n- the row-per-warp layout\n")
+    digest = seal_file(path)
+    [skill] = read_corpus(corpus_dir)
+    assert skill.sha256 == digest and skill.text.endswith("- the row-per-warp layout\n")
 
 
 def test_front_matter_is_validated_against_the_schema(tmp_path: Path):
