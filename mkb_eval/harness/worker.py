@@ -73,6 +73,14 @@ def _preload() -> None:
             pass
 
 
+def _pin(cpus: list[int] | None) -> None:
+    if cpus and hasattr(os, "sched_setaffinity"):
+        try:
+            os.sched_setaffinity(0, set(cpus))
+        except OSError:
+            pass
+
+
 def main(argv: list[str]) -> int:
     if os.environ.get("MKB_WORKER_PRELOAD") == "1":
         _preload()
@@ -89,11 +97,7 @@ def main(argv: list[str]) -> int:
         stage = s
         chan.send(kind="progress", stage=s, t=time.time(), **kw)
 
-    if job.get("cpu") is not None and hasattr(os, "sched_setaffinity"):
-        try:  # one core for the host call path: steadier end-to-end timings
-            os.sched_setaffinity(0, {job["cpu"]})
-        except OSError:
-            pass
+    _pin(job.get("work_cpus"))               # start-up and compilation stay off the timing cores
     from mkb_eval.harness.sandbox import network_isolated
 
     try:
@@ -232,6 +236,8 @@ def run(job: dict[str, Any], chan: Channel, progress: Any) -> dict[str, Any]:
     gate = os.read(job["gate_fd"], 2)
     if gate != b"go":
         return {"status": "stopped", "message": "stopped by the parent after phase 1"}
+    if job.get("timing_cpu") is not None:
+        _pin([job["timing_cpu"]])             # the timed host call path gets this GPU's reserved core
 
     # ---- phase 2: timing --------------------------------------------------------------------
     recheck = set(job["recheck"])

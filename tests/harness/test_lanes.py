@@ -40,3 +40,16 @@ def test_exclusive_never_overlaps_shared():
     assert not any(t.is_alive() for t in threads), "deadlock"
     assert state["violations"] == 0
     assert state["max_shared"] > 1            # readers really ran side by side
+
+
+def test_each_gpu_keeps_a_timing_core_that_other_work_avoids(monkeypatch):
+    import torch
+
+    from mkb_eval.harness import verify as V
+
+    monkeypatch.setattr(V.os, "sched_getaffinity", lambda pid: set(range(32)), raising=False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert V._cores(0) == (31, list(range(30)))
+    assert V._cores(1) == (30, list(range(30)))
+    monkeypatch.setattr(V.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
+    assert V._cores(0) == (None, None)            # too few cores: pin nothing rather than starve
