@@ -3,7 +3,7 @@
 # device call and leaves its logs and records under $OUT. State that later stages reuse (the
 # torch.compile cache, the resumable sweep file) lives under $MKB_STATE, which survives between
 # calls while the host stays warm.
-#   bash scripts/gpu_session.sh foundation|report|sweep|safety [extra args]
+#   bash scripts/gpu_session.sh foundation|report|sweep|bench|safety [extra args]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 : "${OUT:?set OUT to the folder whose files come back}"
@@ -26,9 +26,12 @@ case "$stage" in
       > "$OUT/report.log" 2>&1
     tail -5 "$OUT/report.log"; cp "$MKB_STATE"/problem_report.* "$MKB_CACHE_DIR/compile_baselines.jsonl" "$OUT/" 2>/dev/null ;;
   sweep)
-    timeout "$budget" python3 -m mkb_eval.cli verify --all --parallel "${PARALLEL:-6}" --cached-compile-baseline \
+    timeout "$budget" python3 -m mkb_eval.cli verify --all --parallel "${PARALLEL:-8}" --warm --cached-compile-baseline \
       --out "$MKB_STATE/sweep.jsonl" "$@" > "$OUT/sweep.log" 2>&1
     tail -30 "$OUT/sweep.log"; cp "$MKB_STATE/sweep.jsonl" "$OUT/" ;;
+  bench)
+    timeout "$budget" python3 scripts/bench_sweep.py --out "$OUT/bench" "$@" > "$OUT/bench.log" 2>&1
+    tail -30 "$OUT/bench.log" ;;
   safety)
     timeout "$budget" python3 -m mkb_eval.cli safety --tier gpu --md "$OUT/safety_gpu.md" "$@" > "$OUT/safety.log" 2>&1
     tail -25 "$OUT/safety.log" ;;
