@@ -2,7 +2,10 @@
 
 What is available depends on the machine, so every evaluation records what it actually got
 (``facts``). Network: a fresh network namespace (root, or an unprivileged user namespace);
-elsewhere the network stays shared and the record says so. Memory and processes: cgroup v1/v2
+elsewhere the network stays shared and the record says so. User: a worker started by root runs as
+``nobody`` (it owns only its evaluation folder, so it cannot touch the results store or the
+caches), after a one-time probe shows that user can import the toolchain and open the GPU.
+Memory and processes: cgroup v1/v2
 limits where the cgroup tree is writable; in every case the parent also watches the worker's
 session (resident memory, process count) and kills it past the caps. ``RLIMIT_AS`` is not used:
 the CUDA driver reserves far more address space than it touches.
@@ -33,6 +36,7 @@ class SandboxConfig:
     memory_bytes: int | None = 48 << 30
     max_tasks: int | None = 1024          # threads count: CUDA, OpenMP and compilers start many
     max_file_bytes: int = 8 << 30
+    run_as: str | None = "nobody"         # the user a root parent's worker becomes; None keeps root
 
 
 @dataclass
@@ -42,16 +46,22 @@ class Sandbox:
     facts: dict[str, str] = field(default_factory=dict)
     _unshare: Any = None
     _procs: list[str] = field(default_factory=list)
+    _ids: tuple[int, int] | None = None
 
     @classmethod
-    def create(cls, config: SandboxConfig) -> Sandbox:
+    def create(cls, config: SandboxConfig, owned: Path | None = None) -> Sandbox:
+        """Prepare the caps; ``owned`` (the evaluation folder) is handed to the worker's user."""
         sb = cls(config)
         sb._make_cgroups()
         # everything the child needs is prepared here: after fork in a threaded parent the child
         # must not take locks (no dlopen, no allocation-heavy work)
         sb._unshare = ctypes.CDLL(None, use_errno=True).unshare
         sb._procs = [str(d / "cgroup.procs") for d in sb.cgroups]
-        sb.facts["uid"] = str(os.getuid())
+        sb._ids, why = unprivileged_ids(config.run_as)
+        if sb._ids is not None and owned is not None:
+            for d in [owned, *owned.rglob("*")]:
+                os.chown(d, *sb._ids)
+        sb.facts["uid"] = str(sb._ids[0]) if sb._ids else str(os.getuid()) + (f" ({why})" if why else "")
         return sb
 
     # -- cgroups ---------------------------------------------------------------------------
@@ -122,6 +132,10 @@ class Sandbox:
             self._unshare(CLONE_NEWUSER | CLONE_NEWNET)
         resource.setrlimit(resource.RLIMIT_FSIZE, (self.config.max_file_bytes, self.config.max_file_bytes))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        if self._ids is not None:                # last: cgroups and the namespace need root
+            os.setgroups([])
+            os.setgid(self._ids[1])
+            os.setuid(self._ids[0])
 
     # -- teardown ----------------------------------------------------------------------------
     def kill_all(self) -> None:
@@ -151,6 +165,47 @@ class Sandbox:
                 d.rmdir()
             except OSError:
                 pass
+
+
+_PROBED: dict[str, tuple[tuple[int, int] | None, str]] = {}
+# what a worker needs as its user: the package (hence the repo), torch, and the GPU device nodes
+_PROBE = ("import os, mkb_eval.harness.worker, torch\n"
+          "for d in ('/dev/nvidiactl', '/dev/nvidia0'):\n"
+          "    os.path.exists(d) and os.close(os.open(d, os.O_RDWR))\n")
+
+
+def unprivileged_ids(user: str | None) -> tuple[tuple[int, int] | None, str]:
+    """(uid, gid) a root parent's workers run as, or (None, why not); probed once per process."""
+    if user is None or os.geteuid() != 0:
+        return None, ""
+    if user not in _PROBED:
+        import pwd
+        import subprocess
+        import sys
+
+        try:
+            pw = pwd.getpwnam(user)
+            ids = (pw.pw_uid, pw.pw_gid)
+        except KeyError:
+            _PROBED[user] = None, f"no user '{user}'"
+            return _PROBED[user]
+
+        def become() -> None:
+            os.setgroups([])
+            os.setgid(ids[1])
+            os.setuid(ids[0])
+
+        env = {**os.environ, "HOME": "/tmp", "PYTHONDONTWRITEBYTECODE": "1"}
+        try:
+            r = subprocess.run([sys.executable, "-c", _PROBE], preexec_fn=become, cwd="/", env=env,
+                               capture_output=True, text=True, timeout=300)
+            err = "" if r.returncode == 0 else (r.stderr.strip().splitlines() or ["?"])[-1]
+        except OSError as e:
+            err = f"{type(e).__name__}: {e.strerror} (the interpreter)"      # no machine paths in records
+        except subprocess.SubprocessError as e:
+            err = type(e).__name__
+        _PROBED[user] = (None, f"kept: '{user}' cannot run a worker here: {err[:160]}") if err else (ids, "")
+    return _PROBED[user]
 
 
 def _own_cgroup(controller: str) -> str | None:

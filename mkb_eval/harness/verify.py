@@ -100,10 +100,11 @@ class _Worker:
         work = root / "work"
         env = _scrubbed_env({
             "TMPDIR": str(root / "tmp"), "CUTE_DSL_DISABLE_FILE_CACHING": "1", "CUTE_DSL_CACHE_DIR": str(root / "cute_cache"),
-            "XDG_CACHE_HOME": str(root / "cache"), "TVM_HOME": str(root / "tvm"), "PYTHONDONTWRITEBYTECODE": "1",
+            "XDG_CACHE_HOME": str(root / "cache"), "TVM_HOME": str(root / "tvm"), "HOME": str(root / "home"),
+            "PYTHONDONTWRITEBYTECODE": "1",
             "PYTHONUNBUFFERED": "1", **({"MKB_WORKER_PRELOAD": "1"} if preload else {}), **env_extra,
         })
-        self.sandbox = Sandbox.create(limits.sandbox)
+        self.sandbox = Sandbox.create(limits.sandbox, owned=root)
         self.stdout, self.stderr = root / "stdout.txt", root / "stderr.txt"
         with open(self.stdout, "wb") as so, open(self.stderr, "wb") as se:
             self.proc = subprocess.Popen(
@@ -458,7 +459,7 @@ def _run_gpu(rec: VerificationRecord, prob: P.Problem, dsl: str, w: _Worker, siz
 def spawn_worker(tier: str, gpu: int, limits: Limits, preload: bool = False) -> _Worker:
     """A fresh worker process in a fresh evaluation folder, waiting for its job."""
     root = Path(tempfile.mkdtemp(prefix="mkb-eval-"))
-    for sub in ("work", "tmp", "out", "dump", "cache", "cute_cache", "tvm"):
+    for sub in ("work", "tmp", "out", "dump", "cache", "cute_cache", "tvm", "home"):
         (root / sub).mkdir()
     env = ({"CUTE_DSL_ARCH": "sm_90a", "CUTE_DSL_KEEP": "ptx,cubin", "CUTE_DSL_DUMP_DIR": str(root / "dump"),
             "CUDA_VISIBLE_DEVICES": ""} if tier == "cpu" else {"CUDA_VISIBLE_DEVICES": _physical_gpu(gpu)})
