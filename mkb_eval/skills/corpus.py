@@ -58,6 +58,8 @@ def parse_skill_file(path: Path, corpus: Path) -> Skill:
     """Read and validate one released skill file."""
     rel = path.relative_to(corpus).as_posix()
     meta, body = split_front_matter(path.read_bytes().decode("utf-8"), str(path))
+    if hasattr(meta.get("date"), "isoformat"):        # YAML reads an unquoted 2026-11-29 as a date
+        meta["date"] = meta["date"].isoformat()
     errors = schema_errors(meta, "skill")
     if errors:
         more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
