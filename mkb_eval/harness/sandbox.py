@@ -168,10 +168,10 @@ class Sandbox:
 
 
 _PROBED: dict[str, tuple[tuple[int, int] | None, str]] = {}
-# what a worker needs as its user: the package (hence the repo), torch, and the GPU device nodes
+# what a worker needs as its user: the package (hence the repo), torch, and a working CUDA context
 _PROBE = ("import os, mkb_eval.harness.worker, torch\n"
-          "for d in ('/dev/nvidiactl', '/dev/nvidia0'):\n"
-          "    os.path.exists(d) and os.close(os.open(d, os.O_RDWR))\n")
+          "if os.environ.get('MKB_PROBE_CUDA') == '1':\n"
+          "    assert torch.ones(8, device='cuda').sum().item() == 8\n")
 
 
 def unprivileged_ids(user: str | None) -> tuple[tuple[int, int] | None, str]:
@@ -195,7 +195,8 @@ def unprivileged_ids(user: str | None) -> tuple[tuple[int, int] | None, str]:
             os.setgid(ids[1])
             os.setuid(ids[0])
 
-        env = {**os.environ, "HOME": "/tmp", "PYTHONDONTWRITEBYTECODE": "1"}
+        env = {**os.environ, "HOME": "/tmp", "PYTHONDONTWRITEBYTECODE": "1",
+               "MKB_PROBE_CUDA": "1" if _has_gpu() else "0"}
         try:
             r = subprocess.run([sys.executable, "-c", _PROBE], preexec_fn=become, cwd="/", env=env,
                                capture_output=True, text=True, timeout=300)
@@ -206,6 +207,15 @@ def unprivileged_ids(user: str | None) -> tuple[tuple[int, int] | None, str]:
             err = type(e).__name__
         _PROBED[user] = (None, f"kept: '{user}' cannot run a worker here: {err[:160]}") if err else (ids, "")
     return _PROBED[user]
+
+
+def _has_gpu() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
 
 
 def _own_cgroup(controller: str) -> str | None:
