@@ -1,4 +1,10 @@
-"""MLA q up-projection (wgmma GEMM) + GPT-J RoPE epilogue, and the paged kv_c / k_pe cache write,
+"""FIX (found by the H200 run of 2026-11-29: ~25% of q wrong, all in the rope dims): the epilogue took
+each accumulator value's (row, col) from the warpgroup-level MMA slice, i.e. the coordinates of thread 0
+of the warpgroup, so most threads rotated with the wrong token position and the wrong cos/sin pair.
+The coordinate tensor is now partitioned with the per-thread slice (thread index within the 256 MMA
+threads). A CPU emulation of the old index math reproduced the failure (3.2M of 12.6M over, max 9.3).
+
+MLA q up-projection (wgmma GEMM) + GPT-J RoPE epilogue, and the paged kv_c / k_pe cache write,
 in CuTe DSL (two kernels launched back to back by one compiled host function).
 
 Kernel 1: q = q_c @ q_b_weight^T with the rotary embedding applied in the epilogue.
@@ -23,7 +29,8 @@ without warp specialization or a persistent scheduler the epilogue (~10% of a ti
 overlapped with the next tile's mainloop. Expected ~55-65 us (SOL 39 us).
 Host path: compiled once per process with tvm-ffi (symbolic token count and cache sizes); torch
 tensors (including the strided q_c view) are passed directly on the caller's current stream.
-Verification: compile-checked on CPU (sm_90a); not yet run on the H200.
+Verification: first version failed on the H200 (see FIX above); fixed version compile-checked on
+CPU (sm_90a), not yet re-run on the H200.
 """
 
 import cuda.bindings.driver as cuda
@@ -103,7 +110,9 @@ def _gemm_rope_kernel(tma_atom_a: cute.CopyAtom, mA: cute.Tensor, tma_atom_b: cu
     wg = cute.arch.make_warp_uniform(tidx // 128)
     thr_mma = tiled_mma.get_slice(cute.make_layout(2, stride=128)(wg))
     tCgC = thr_mma.partition_C(gC)
-    tCcC = thr_mma.partition_C(cute.make_identity_tensor((BM, BN)))
+    # (row, col) of each accumulator value must come from THIS thread's slice: the warpgroup slice
+    # above is thread 0 of the warpgroup (fine for the smem A/B partitions and the fragment shape only)
+    tCcC = tiled_mma.get_slice(tidx).partition_C(cute.make_identity_tensor((BM, BN)))
 
     tAsA, tAgA = cute.nvgpu.cpasync.tma_partition(tma_atom_a, 0, cute.make_layout(1),
                                                   cute.group_modes(sA, 0, 2), cute.group_modes(gA, 0, 2))
