@@ -24,6 +24,7 @@ Host path: compiled once per (hidden, intermediate) with tvm-ffi (symbolic token
 intermediates are cached per (device, T); torch tensors (and transposed views) passed directly on
 the caller's current stream.
 Verification: compile-checked on CPU (sm_90a); not yet run on the H200.
+Review 2026-11-29 (no GPU): fixed G1 epilogue coordinates (tCcC from the warpgroup slice gave all threads thread 0's (row, col); now get_slice(tidx)).
 """
 
 import cuda.bindings.driver as cuda
@@ -86,7 +87,8 @@ def _make_gemm(epi: str):
         gB = cute.local_tile(mB, tile, coord, proj=(None, 1, 1))
         wg = cute.arch.make_warp_uniform(tidx // 128)
         thr_mma = tiled_mma.get_slice(cute.make_layout(2, stride=128)(wg))
-        tCcC = thr_mma.partition_C(cute.make_identity_tensor((BM, BN)))
+        # C coordinates are per thread: slice by tidx (the warpgroup slice gives thread 0's coordinates)
+        tCcC = tiled_mma.get_slice(tidx).partition_C(cute.make_identity_tensor((BM, BN)))
         tAsA, tAgA = cute.nvgpu.cpasync.tma_partition(tma_atom_a, 0, cute.make_layout(1),
                                                       cute.group_modes(sA, 0, 2), cute.group_modes(gA, 0, 2))
         tBsB, tBgB = cute.nvgpu.cpasync.tma_partition(tma_atom_b, 0, cute.make_layout(1),

@@ -23,6 +23,7 @@ P_i before any output element is final. Expected ~330-380 us (SOL 208 us).
 Host path: compiled once per hidden size with tvm-ffi (symbolic token count); workspaces cached
 per (device, T, H); torch tensors passed directly on the caller's current stream.
 Verification: compile-checked on CPU (sm_90a); not yet run on the H200.
+Review 2026-11-29 (no GPU): fixed epilogue-1 row coordinates (tCcC from the warpgroup slice gave all threads thread 0's rows, so most ss rows were never written; now get_slice(tidx)).
 """
 
 import cuda.bindings.driver as cuda
@@ -96,7 +97,7 @@ def _gemm_kernel(tma_atom_a: cute.CopyAtom, mA: cute.Tensor, tma_atom_b: cute.Co
     wg = cute.arch.make_warp_uniform(tidx // 128)
     thr_mma = tiled_mma.get_slice(cute.make_layout(2, stride=128)(wg))
     tCgC = thr_mma.partition_C(gC)
-    tCcC = thr_mma.partition_C(cute.make_identity_tensor((BM, BN)))
+    tCcC = tiled_mma.get_slice(tidx).partition_C(cute.make_identity_tensor((BM, BN)))   # per-thread coordinates
 
     tAsA, tAgA = cute.nvgpu.cpasync.tma_partition(tma_atom_a, 0, cute.make_layout(1),
                                                   cute.group_modes(sA, 0, 2), cute.group_modes(gA, 0, 2))

@@ -34,6 +34,7 @@ promoting, so MMA and promotion do not overlap); weights are 1.41 GB (300 us of 
 Host path: compiled once per shape with tvm-ffi (symbolic token count); fp8 tensors are passed as
 uint8 views and reinterpreted in the kernel; workspaces cached per (device, shapes).
 Verification: compile-checked on CPU (sm_90a); not yet run on the H200.
+Review 2026-11-29 (no GPU): fixed K4/K5 fragment coordinates (tCcC from the warpgroup slice gave all threads thread 0's row/col for scales and stores; now get_slice(tidx)).
 """
 
 import math
@@ -127,7 +128,7 @@ def _make_gemm(kind: str, bn: int, bk: int, stages: int, inter: int):
 
             wg = cute.arch.make_warp_uniform(tidx // 128)
             thr_mma = tiled_mma.get_slice(cute.make_layout(2, stride=128)(wg))
-            tCcC = thr_mma.partition_C(cute.make_identity_tensor((BM, bn)))
+            tCcC = tiled_mma.get_slice(tidx).partition_C(cute.make_identity_tensor((BM, bn)))   # per-thread coords
             tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
             tCrB0 = tiled_mma.make_fragment_B(thr_mma.partition_B(sB0))
             tCrB1 = tCrB0

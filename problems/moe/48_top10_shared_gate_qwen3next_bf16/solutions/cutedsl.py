@@ -31,6 +31,8 @@ gather x inside the up-projection producer (cp.async) instead of K3, predicated 
 Host path: compiled once per (hidden, intermediate) with tvm-ffi (symbolic token count);
 workspaces cached per (device, T); torch tensors passed directly on the caller's stream.
 Verification: compile-checked on CPU (sm_90a); not yet run on the H200.
+Review 2026-11-29 (no GPU): fixed the router-logit store coordinates (identity tensor was partitioned with the
+warpgroup MMA slice, i.e. thread 0's (row, col) for every thread; now the per-thread slice, as in problem 20's fix).
 """
 
 import math
@@ -151,7 +153,8 @@ def _make_gemm(kind: str, bn: int):
 
             wg = cute.arch.make_warp_uniform(tidx // 128)
             thr_mma = tiled_mma.get_slice(cute.make_layout(2, stride=128)(wg))
-            tCcC = thr_mma.partition_C(cute.make_identity_tensor((BM, bn)))
+            # per-thread slice: the warpgroup slice would give every thread thread 0's (row, col)
+            tCcC = tiled_mma.get_slice(tidx).partition_C(cute.make_identity_tensor((BM, bn)))
             tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
             tCrB0 = tiled_mma.make_fragment_B(thr_mma.partition_B(sB0))
             tCrB1 = tCrB0

@@ -33,6 +33,8 @@ What limits it: fp32 FMA throughput (1.24 TFLOP: 18.5 ms at the 67 TFLOP/s peak)
 Host path: compiled once per (hidden, intermediate, experts) with tvm-ffi (symbolic row count);
 workspaces cached per (device, N); torch tensors passed directly on the caller's current stream.
 Verification: compile-checked on CPU (sm_90a); not yet run on the H200.
+Review 2026-11-29 (no GPU): fixed out-of-bounds global reads in the operand loads (column not clamped for
+masked-off lanes: smoke-size tiles of 128 over 32/64-wide operands read up to 384 B past the allocation).
 """
 
 import cuda.bindings.driver as cuda
@@ -59,16 +61,20 @@ def _make_gemm(mode: str, a_major: str, a_x: str, b_major: str, b_x: str, epi: s
         # 8 consecutive elements (r, c..c+7) of a 2-D source (or transform) into dst; zeros if not ok
         nr = src.shape[0]
         rc = cutlass.max(cutlass.min(r, nr - 1), Int32(0))
+        # column clamped too (only matters when not ok, e.g. a 128-wide tile over a 32-wide operand):
+        # never read past the row / the allocation; the values are zeroed below anyway
         if cutlass.const_expr(xf == "swiglu"):
+            cs = cutlass.max(cutlass.min(c, inter - 8), Int32(0))
             rg = cute.make_rmem_tensor((8,), Float32)
             ru = cute.make_rmem_tensor((8,), Float32)
-            cute.autovec_copy(cute.zipped_divide(mH[rc, None], (8,))[(None, c // 8)], rg)
-            cute.autovec_copy(cute.zipped_divide(mH[rc, None], (8,))[(None, (inter + c) // 8)], ru)
+            cute.autovec_copy(cute.zipped_divide(mH[rc, None], (8,))[(None, cs // 8)], rg)
+            cute.autovec_copy(cute.zipped_divide(mH[rc, None], (8,))[(None, (inter + cs) // 8)], ru)
             for j in cutlass.range_constexpr(8):
                 g = rg[j]
                 dst[j] = g / (1.0 + cute.math.exp(-g)) * ru[j]
         else:
-            cute.autovec_copy(cute.zipped_divide(src[rc, None], (8,))[(None, c // 8)], dst)
+            cc = cutlass.max(cutlass.min(c, src.shape[1] - 8), Int32(0))
+            cute.autovec_copy(cute.zipped_divide(src[rc, None], (8,))[(None, cc // 8)], dst)
             if cutlass.const_expr(xf == "pgy"):
                 p = mP[rc]
                 for j in cutlass.range_constexpr(8):
