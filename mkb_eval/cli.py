@@ -117,6 +117,9 @@ def _results(args: argparse.Namespace) -> int:
     from mkb_eval.records import read_jsonl
 
     recs = [r for r in sweep.latest(read_jsonl(args.records)) if args.tier in ("all", r["tier"])]
+    if args.compile_cache:
+        n = sweep.fill_compile_baselines(recs, Path(args.compile_cache))
+        print(f"torch.compile times taken from {args.compile_cache} for {n} record(s)", file=sys.stderr)
     table = sweep.markdown_table(recs)
     if args.md:
         Path(args.md).parent.mkdir(parents=True, exist_ok=True)
@@ -248,6 +251,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--tier", default="gpu", choices=("gpu", "cpu", "all"))
     r.add_argument("--md", help="also write the table to this markdown file")
     r.add_argument("--json", action="store_true", help="print the summary as JSON too")
+    r.add_argument("--compile-cache", help="fill missing torch.compile times from this compile_baselines.jsonl "
+                                          "(same problem hash, size, GPU and torch)")
     r.set_defaults(fn=_results)
     return ap
 

@@ -94,8 +94,8 @@ class Judge:
         return res, setup
 
 
-def compile_baseline_key(problem: Problem, size: str, env: dict[str, Any]) -> str:
-    return f"{problem.hash}|{size}|{env.get('gpu')}|{env.get('torch')}"
+def compile_baseline_key(problem_hash: str, size: str, env: dict[str, Any]) -> str:
+    return f"{problem_hash}|{size}|{env.get('gpu')}|{env.get('torch')}"
 
 
 def compile_baseline_cached(problem: Problem, size: str, env: dict[str, Any], cache_dir: Path,
@@ -107,7 +107,7 @@ def compile_baseline_cached(problem: Problem, size: str, env: dict[str, Any], ca
     problem at once, compiling in parallel). ``measure=None`` only looks up. Returns
     (ms, cached, error).
     """
-    key = compile_baseline_key(problem, size, env)
+    key = compile_baseline_key(problem.hash, size, env)
     path = cache_dir / "compile_baselines.jsonl"
     if path.exists():
         for line in path.read_text().splitlines():

@@ -1,0 +1,24 @@
+"""Sweep tables: torch.compile times filled from the verifier's cache only for a matching key."""
+
+import json
+
+from mkb_eval.harness.judge import compile_baseline_key
+from mkb_eval.sweep import fill_compile_baselines
+
+
+def _rec(h: str, status: str = "ok") -> dict:
+    return {"problem_hash": h, "size": "full", "status": status, "flags": [],
+            "env": {"gpu": "NVIDIA H200", "torch": "2.11.0+cu130"},
+            "timing": {"kernel_ms": 0.5, "compile_ms": None, "speedup_vs_compile": None}}
+
+
+def test_compile_times_fill_only_matching_passing_records(tmp_path):
+    env = {"gpu": "NVIDIA H200", "torch": "2.11.0+cu130"}
+    cache = tmp_path / "compile_baselines.jsonl"
+    cache.write_text(json.dumps({"key": compile_baseline_key("aa", "full", env), "ms": 2.0, "error": None}) + "\n"
+                     + "not json\n")
+    hit, other, failed = _rec("aa"), _rec("bb"), _rec("aa", "incorrect")
+    assert fill_compile_baselines([hit, other, failed], cache) == 1
+    assert hit["timing"]["compile_ms"] == 2.0 and hit["timing"]["speedup_vs_compile"] == 4.0
+    assert "compile_baseline_from_cache" in hit["flags"]
+    assert other["timing"]["compile_ms"] is None and failed["timing"]["compile_ms"] is None
