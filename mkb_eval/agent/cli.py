@@ -35,7 +35,8 @@ def _run(args: argparse.Namespace) -> int:
             run_dir=args.run_dir, engine=args.engine, budget=budget,
             sampling=Sampling(temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens_per_turn,
                               seed=args.seed),
-            max_model_len=args.max_model_len, workers=args.workers, rerun_stale=args.rerun_stale,
+            max_model_len=args.max_model_len, workers=args.workers, warm=args.warm_workers,
+            rerun_stale=args.rerun_stale,
             dry_run=args.dry_run, api_key=args.api_key, root=getattr(args, "root", None), progress=not args.quiet)
         summary, planned = run_trials(opts)
     except _ERRORS as e:
@@ -106,6 +107,8 @@ def register(subparsers: Any) -> None:
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--max-model-len", type=int, help="context length to serve (default: the model's)")
     r.add_argument("--workers", type=int, help="parallel verifications (default: min(4, cores))")
+    r.add_argument("--warm-workers", action="store_true",
+                   help="start each verification's worker ahead of need (pays off on a GPU host with spare cores)")
     r.add_argument("--api-key", help="for openai: servers (default MKB_OPENAI_API_KEY)")
     r.add_argument("--rerun-stale", action="store_true", help="rerun finished trials whose problem/prompt/skill changed")
     r.add_argument("--dry-run", action="store_true", help="print the plan and stop")

@@ -40,6 +40,7 @@ class RunOptions:
     sampling: Sampling = field(default_factory=lambda: Sampling(seed=0))
     max_model_len: int | None = None
     workers: int | None = None
+    warm: bool = False
     gpus: int | None = None
     rerun_stale: bool = False
     dry_run: bool = False
@@ -105,7 +106,7 @@ def run_trials(opts: RunOptions, backend: Backend | None = None, verify_fn: Any 
         })
         workers = opts.workers or max(1, min(4, os.cpu_count() or 1))
         gpus = opts.gpus if opts.gpus is not None else (_gpu_count() if tier == "gpu" else 0)
-        pool = VerificationPool(tier, workers, gpus, verify_fn=verify_fn)
+        pool = VerificationPool(tier, workers, gpus, verify_fn=verify_fn, warm=opts.warm)
         try:
             runner = Runner(store, backend, {p.id: p for p in problems}, planned, stamps, budget=opts.budget,
                             sampling=opts.sampling, tier=tier, pool=pool, progress=ProgressView(opts.progress))

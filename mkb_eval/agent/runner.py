@@ -42,10 +42,12 @@ class VerificationPool:
     CPU tier: each verification is its own set of subprocesses, ``workers`` at a time. GPU tier:
     submissions are spread over the GPUs round-robin, each GPU with one timing lane of the
     verifier (imports, compiles and correctness draws overlap; a timed phase has its GPU alone).
+    ``warm`` keeps workers started ahead of need, so an attempt's next evaluation skips the
+    interpreter and toolchain start-up.
     """
 
     def __init__(self, tier: str, workers: int, gpus: int = 0, verify_fn: Verify | None = None,
-                 limits: Any = None) -> None:
+                 limits: Any = None, warm: bool = False) -> None:
         if verify_fn is None:
             from mkb_eval.harness.verify import verify as verify_fn
         if tier == "gpu" and gpus < 1:
@@ -60,9 +62,20 @@ class VerificationPool:
 
             self._lanes = [GpuLane(i) for i in range(gpus)]
         self._next = itertools.count()
+        self._warm = None
+        if warm:            # each verification's worker started ahead of need (see harness.pool)
+            from mkb_eval.harness.pool import WarmPool
+            from mkb_eval.harness.verify import Limits
+
+            keys = range(len(self._lanes)) if self._lanes else [0]
+            self._warm = WarmPool(per_key=-(-max(1, workers) // len(keys)))
+            for g in keys:
+                self._warm.fill(tier, g, limits or Limits())
 
     def _run(self, problem: P.Problem, dsl: str, kernel: Path, gpu: int | None) -> dict[str, Any]:
         kw: dict[str, Any] = {"limits": self._limits} if self._limits is not None else {}
+        if self._warm is not None:
+            kw["pool"] = self._warm
         if gpu is None:
             return self._verify(problem, dsl, kernel, tier="cpu", **kw).to_dict()
         return self._verify(problem, dsl, kernel, tier="gpu", gpu=gpu, lane=self._lanes[gpu], **kw).to_dict()
@@ -73,6 +86,8 @@ class VerificationPool:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
+        if self._warm is not None:
+            self._warm.close()
 
 
 @dataclass

@@ -140,3 +140,17 @@ def test_gpu_tier_pool_spreads_over_gpus_with_one_lane_each(tmp_path: Path) -> N
     assert seen[0][2] == seen[2][2] != seen[1][2]          # one lane object per GPU, reused
     with pytest.raises(ValueError, match="needs at least one GPU"):
         VerificationPool("gpu", workers=1, gpus=0, verify_fn=fake_verify)
+
+
+def test_warm_pool_hands_each_verification_a_started_worker() -> None:
+    """With warm workers the real verifier gets a worker started ahead of need, and close() stops the rest."""
+    from mkb_eval import problems as P
+    from mkb_eval.agent.runner import VerificationPool
+
+    pool = VerificationPool("cpu", workers=1, warm=True)
+    prob = P.find(36)
+    rec = pool.submit(prob, "tirx", prob.solution_path("tirx")).result()
+    idle = [w for ws in pool._warm._idle.values() for w in ws]
+    pool.close()
+    assert rec["status"] == "unverified" and rec["sandbox"]["worker"].startswith("warm"), rec["message"]
+    assert idle and all(w.proc.poll() is not None for w in idle)
