@@ -23,8 +23,9 @@ from mkb_eval.harness.tolerance import Mismatch, compare, reference_numerics, ru
 from mkb_eval.problems import Problem, load_module
 
 
-# Seeding, input generation and the numerics flags are process-global: judges of concurrent
-# evaluations (sweep threads) take turns, or they would regenerate each other's inputs.
+# Seeding + input generation (the global RNG) and torch.compile (dynamo's global state) take
+# turns across the judges of concurrent evaluations (sweep threads); otherwise they would
+# regenerate each other's inputs. Reference runs and comparisons proceed side by side.
 _TURN = threading.RLock()
 
 
@@ -35,8 +36,13 @@ class Judge:
         self.size = size
         self.device = device
 
+    def _current(self) -> Any:
+        """This judge's GPU as the thread's current device (a reference may say plain "cuda")."""
+        dev = torch.device(self.device)
+        return torch.cuda.device(dev) if dev.type == "cuda" else contextlib.nullcontext()
+
     def inputs(self, seed: int) -> list[Any]:
-        with _TURN:
+        with _TURN, self._current():
             torch.manual_seed(seed)
             with reference_numerics():
                 return self.module.make_inputs(self.size, self.device)
@@ -48,7 +54,7 @@ class Judge:
 
     def check(self, seed: int, out_path: Path, worker_digests: list[Any] | None = None) -> Mismatch | None:
         """Judge one saved output of the candidate against the reference for ``seed``."""
-        with _TURN:
+        with self._current():
             return self._check(seed, out_path, worker_digests)
 
     def _check(self, seed: int, out_path: Path, worker_digests: list[Any] | None) -> Mismatch | None:
@@ -71,8 +77,7 @@ class Judge:
         ``torch.cuda.synchronize()`` waits for, the current device only, so timing ``cuda:1``
         from a thread whose current device is ``cuda:0`` would measure host time alone.
         """
-        dev = torch.device(self.device)
-        with _TURN, (torch.cuda.device(dev) if dev.type == "cuda" else contextlib.nullcontext()):
+        with (_TURN if compiled else contextlib.nullcontext()), self._current():
             return self._time_reference(warmup, timing, compiled)
 
     def _time_reference(self, warmup: list[int], timing: list[int], compiled: bool) -> tuple[TimingResult, float]:

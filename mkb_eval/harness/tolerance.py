@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -30,23 +31,40 @@ class Mismatch:
         return f"{self.path}: {self.reason}"
 
 
+_NUMERICS = threading.Lock()
+_numerics_users = 0
+_numerics_saved: tuple[Any, ...] = ()
+
+
 @contextlib.contextmanager
 def reference_numerics() -> Iterator[None]:
-    """Full-precision matmuls and reductions while the reference runs (no TF32, no reduced-precision)."""
+    """Full-precision matmuls and reductions while the reference runs (no TF32, no reduced-precision).
+
+    The flags are process-wide, so the context is counted: judges in concurrent threads share one
+    strict setting and the last to leave restores what was there before.
+    """
+    global _numerics_users, _numerics_saved
     m = torch.backends.cuda.matmul
-    saved = (m.allow_tf32, torch.backends.cudnn.allow_tf32, m.allow_bf16_reduced_precision_reduction,
-             m.allow_fp16_reduced_precision_reduction, torch.get_float32_matmul_precision())
-    m.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    m.allow_bf16_reduced_precision_reduction = False
-    m.allow_fp16_reduced_precision_reduction = False
-    torch.set_float32_matmul_precision("highest")
+    with _NUMERICS:
+        if _numerics_users == 0:
+            _numerics_saved = (m.allow_tf32, torch.backends.cudnn.allow_tf32, m.allow_bf16_reduced_precision_reduction,
+                               m.allow_fp16_reduced_precision_reduction, torch.get_float32_matmul_precision())
+            m.allow_tf32 = False
+            torch.backends.cudnn.allow_tf32 = False
+            m.allow_bf16_reduced_precision_reduction = False
+            m.allow_fp16_reduced_precision_reduction = False
+            torch.set_float32_matmul_precision("highest")
+        _numerics_users += 1
     try:
         yield
     finally:
-        (m.allow_tf32, torch.backends.cudnn.allow_tf32, m.allow_bf16_reduced_precision_reduction,
-         m.allow_fp16_reduced_precision_reduction) = saved[:4]
-        torch.set_float32_matmul_precision(saved[4])
+        with _NUMERICS:
+            _numerics_users -= 1
+            if _numerics_users == 0:
+                saved = _numerics_saved
+                (m.allow_tf32, torch.backends.cudnn.allow_tf32, m.allow_bf16_reduced_precision_reduction,
+                 m.allow_fp16_reduced_precision_reduction) = saved[:4]
+                torch.set_float32_matmul_precision(saved[4])
 
 
 def promote(value: Any) -> Any:

@@ -73,3 +73,22 @@ def test_reference_runs_on_a_private_copy():
     assert torch.equal(x, torch.ones(3))
     anchored = run_reference(mutating, [x], anchored=True)
     assert anchored.dtype == torch.float64 and promote([x, 2])[1] == 2
+
+
+def test_reference_numerics_stays_strict_until_the_last_concurrent_user_leaves():
+    import torch
+
+    from mkb_eval.harness.tolerance import reference_numerics
+
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")
+    try:
+        a, b = reference_numerics(), reference_numerics()
+        a.__enter__()
+        b.__enter__()                     # a second judge (another sweep thread) enters
+        a.__exit__(None, None, None)      # the first leaves while the second still computes
+        assert torch.get_float32_matmul_precision() == "highest"
+        b.__exit__(None, None, None)
+        assert torch.get_float32_matmul_precision() == "high"
+    finally:
+        torch.set_float32_matmul_precision(before)
