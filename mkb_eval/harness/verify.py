@@ -12,6 +12,7 @@ import contextlib
 import datetime as dt
 import hashlib
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -273,6 +274,8 @@ def verify(problem: P.Problem | str | int, dsl: str, kernel: str | Path, *, tier
             _run_gpu(rec, prob, dsl, w, size, gpu, lane or GpuLane(gpu), limits, compile_baseline, cache_dir)
     finally:
         w.kill()
+        rec.message, rec.stdout_tail, rec.stderr_tail = (
+            redact_paths(x, root) for x in (rec.message, rec.stdout_tail, rec.stderr_tail))
         rec.stages_s["total"] = round(time.perf_counter() - t_start, 3)
         if not keep_dir:
             shutil.rmtree(root, ignore_errors=True)
@@ -454,6 +457,21 @@ def _run_gpu(rec: VerificationRecord, prob: P.Problem, dsl: str, w: _Worker, siz
     rec.status, rec.stage = "ok", "done"
     rec.message = (f"passed {CORRECTNESS_DRAWS} draws + {RECHECKS} timed rechecks; {timing.kernel_ms:.4f} ms vs eager "
                    f"{timing.eager_ms:.4f} ms ({timing.speedup:.2f}x)")
+
+
+_SITE = re.compile(r"(?:/[^\s\"':]+)*/(?:site|dist)-packages/")
+_EVAL = re.compile(r"(?:/[^\s\"':]+)*/mkb-eval-[A-Za-z0-9_]+")
+
+
+def redact_paths(text: str, root: Path | None = None) -> str:
+    """Machine paths out of messages and output tails: the evaluation folder, installed packages
+    and this repository become placeholders, so records can be shared and committed."""
+    if not text:
+        return text
+    if root is not None:
+        text = text.replace(str(root), "<eval>")
+    text = text.replace(str(Path(mkb_eval.__file__).resolve().parent.parent), "<repo>")
+    return _EVAL.sub("<eval>", _SITE.sub("<site-packages>/", text))
 
 
 def spawn_worker(tier: str, gpu: int, limits: Limits, preload: bool = False) -> _Worker:

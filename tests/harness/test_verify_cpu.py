@@ -58,3 +58,16 @@ def test_known_bad_kernels_compile_on_cpu(p28):
     for path in p28.wrong_solutions():
         rec = verify(p28, "cutedsl", path, tier="cpu", limits=LIMITS)
         assert rec.status == expected_cpu.get(path.name, "unverified"), (path.name, rec.status, rec.message[-500:])
+
+
+def test_records_carry_no_machine_paths():
+    from pathlib import Path
+
+    import mkb_eval
+    from mkb_eval.harness.verify import redact_paths
+
+    repo = Path(mkb_eval.__file__).resolve().parent.parent
+    text = (f'File "/tmp/mkb-eval-ab_12/work/kernel.py", line 3\n'
+            f"/opt/env/lib/python3.12/site-packages/torch/x.py:1: UserWarning\n{repo}/mkb_eval/cli.py")
+    assert redact_paths(text) == ('File "<eval>/work/kernel.py", line 3\n'
+                                  "<site-packages>/torch/x.py:1: UserWarning\n<repo>/mkb_eval/cli.py")
