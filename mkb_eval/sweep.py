@@ -158,10 +158,8 @@ def _run_local(todo: list[Job], tier: str, verify_kwargs: dict[str, Any], parall
     from mkb_eval.harness.verify import Limits, verify
 
     lanes = [GpuLane(i) for i in range(n_lanes)]
-    workers = WarmPool(per_key=-(-max(1, parallel) // n_lanes), limit=len(todo)) if warm else None
-    if workers is not None and todo:
-        for g in range(n_lanes):
-            workers.fill(tier, g, verify_kwargs.get("limits") or Limits())
+    workers = WarmPool.for_lanes(tier, n_lanes, parallel, verify_kwargs.get("limits") or Limits(),
+                                 limit=len(todo)) if warm else None
 
     def one(k: int, job: Job) -> None:
         g = k % n_lanes
@@ -189,22 +187,13 @@ def latest(records: Iterable[dict]) -> list[dict]:
 def fill_compile_baselines(records: list[dict], cache: Path) -> int:
     """Fill a missing torch.compile time from the verifier's cache (measured for the same problem hash,
     size, GPU and torch, e.g. by scripts/problem_report.py after the sweep); flags what was filled."""
-    import json
+    from mkb_eval.harness.judge import compile_baseline_key, read_compile_cache
 
-    from mkb_eval.harness.judge import compile_baseline_key
-
-    known = {}
-    for line in cache.read_text().splitlines():
-        try:
-            e = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if e.get("ms"):
-            known[e["key"]] = e["ms"]
+    known = read_compile_cache(cache)
     n = 0
     for r in records:
         t, env = r.get("timing") or {}, r.get("env") or {}
-        ms = known.get(compile_baseline_key(r["problem_hash"], r.get("size"), env))
+        ms = known.get(compile_baseline_key(r["problem_hash"], r.get("size"), env), {}).get("ms")
         if r["status"] == "ok" and t.get("compile_ms") is None and ms and t.get("kernel_ms"):
             t["compile_ms"], t["speedup_vs_compile"] = ms, ms / t["kernel_ms"]
             r["flags"] = [*r.get("flags", []), "compile_baseline_from_cache"]

@@ -22,3 +22,16 @@ def test_compile_times_fill_only_matching_passing_records(tmp_path):
     assert hit["timing"]["compile_ms"] == 2.0 and hit["timing"]["speedup_vs_compile"] == 4.0
     assert "compile_baseline_from_cache" in hit["flags"]
     assert other["timing"]["compile_ms"] is None and failed["timing"]["compile_ms"] is None
+
+
+def test_compile_baseline_is_measured_once_and_looked_up_after(tmp_path):
+    from mkb_eval import problems as P
+    from mkb_eval.harness.judge import compile_baseline_cached
+
+    p28, env, calls = P.find(28), {"gpu": "NVIDIA H200", "torch": "2.11.0+cu130"}, []
+    assert compile_baseline_cached(p28, "full", env, tmp_path, None) == (None, False, None)   # lookup only
+    assert compile_baseline_cached(p28, "full", env, tmp_path, lambda: calls.append(1) or 2.5) == (2.5, False, None)
+    with open(tmp_path / "compile_baselines.jsonl", "a") as f:
+        f.write("torn{\n")
+    assert compile_baseline_cached(p28, "full", env, tmp_path, lambda: calls.append(1) or 9.0) == (2.5, True, None)
+    assert calls == [1]

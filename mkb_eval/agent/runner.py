@@ -67,10 +67,7 @@ class VerificationPool:
             from mkb_eval.harness.pool import WarmPool
             from mkb_eval.harness.verify import Limits
 
-            keys = range(len(self._lanes)) if self._lanes else [0]
-            self._warm = WarmPool(per_key=-(-max(1, workers) // len(keys)))
-            for g in keys:
-                self._warm.fill(tier, g, limits or Limits())
+            self._warm = WarmPool.for_lanes(tier, max(1, len(self._lanes)), workers, limits or Limits())
 
     def _run(self, problem: P.Problem, dsl: str, kernel: Path, gpu: int | None) -> dict[str, Any]:
         kw: dict[str, Any] = {"limits": self._limits} if self._limits is not None else {}

@@ -103,6 +103,20 @@ def compile_baseline_key(problem_hash: str, size: str, env: dict[str, Any]) -> s
     return f"{problem_hash}|{size}|{env.get('gpu')}|{env.get('torch')}"
 
 
+def read_compile_cache(path: Path) -> dict[str, dict[str, Any]]:
+    """The cache's entries by key (the first one of a key wins; unreadable lines are skipped)."""
+    entries: dict[str, dict[str, Any]] = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(rec, dict) and "key" in rec:
+                entries.setdefault(rec["key"], rec)
+    return entries
+
+
 def compile_baseline_cached(problem: Problem, size: str, env: dict[str, Any], cache_dir: Path,
                             measure: Any | None) -> tuple[float | None, bool, str | None]:
     """torch.compile time per (problem hash, GPU, torch): measured once, then reused.
@@ -114,14 +128,9 @@ def compile_baseline_cached(problem: Problem, size: str, env: dict[str, Any], ca
     """
     key = compile_baseline_key(problem.hash, size, env)
     path = cache_dir / "compile_baselines.jsonl"
-    if path.exists():
-        for line in path.read_text().splitlines():
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if rec.get("key") == key:
-                return rec.get("ms"), True, rec.get("error")
+    rec = read_compile_cache(path).get(key)
+    if rec is not None:
+        return rec.get("ms"), True, rec.get("error")
     if measure is None:
         return None, False, None
     try:

@@ -28,6 +28,16 @@ class WarmPool:
         self._lock = threading.Lock()
         self.taken = self.spawned = 0
 
+    @classmethod
+    def for_lanes(cls, tier: str, n_lanes: int, in_flight: int, limits: Any, limit: int | None = None) -> WarmPool:
+        """A pool already filled for ``n_lanes`` GPUs (one key on the CPU tier), enough idle
+        workers per GPU for ``in_flight`` evaluations spread over them."""
+        pool = cls(per_key=-(-max(1, in_flight) // n_lanes), limit=limit)
+        if limit != 0:
+            for g in range(n_lanes):
+                pool.fill(tier, g, limits)
+        return pool
+
     @staticmethod
     def _key(tier: str, gpu: int, limits: Any) -> tuple:
         return tier, gpu if tier == "gpu" else 0, repr(limits.sandbox)

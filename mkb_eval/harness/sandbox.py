@@ -133,9 +133,7 @@ class Sandbox:
         resource.setrlimit(resource.RLIMIT_FSIZE, (self.config.max_file_bytes, self.config.max_file_bytes))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         if self._ids is not None:                # last: cgroups and the namespace need root
-            os.setgroups([])
-            os.setgid(self._ids[1])
-            os.setuid(self._ids[0])
+            _become(self._ids)
 
     # -- teardown ----------------------------------------------------------------------------
     def kill_all(self) -> None:
@@ -174,6 +172,13 @@ _PROBE = ("import os, mkb_eval.harness.worker, torch\n"
           "    assert torch.ones(8, device='cuda').sum().item() == 8\n")
 
 
+def _become(ids: tuple[int, int]) -> None:
+    """Drop to (uid, gid) with no supplementary groups (a forked child, before exec)."""
+    os.setgroups([])
+    os.setgid(ids[1])
+    os.setuid(ids[0])
+
+
 def unprivileged_ids(user: str | None) -> tuple[tuple[int, int] | None, str]:
     """(uid, gid) a root parent's workers run as, or (None, why not); probed once per process."""
     if user is None or os.geteuid() != 0:
@@ -190,15 +195,10 @@ def unprivileged_ids(user: str | None) -> tuple[tuple[int, int] | None, str]:
             _PROBED[user] = None, f"no user '{user}'"
             return _PROBED[user]
 
-        def become() -> None:
-            os.setgroups([])
-            os.setgid(ids[1])
-            os.setuid(ids[0])
-
         env = {**os.environ, "HOME": "/tmp", "PYTHONDONTWRITEBYTECODE": "1",
                "MKB_PROBE_CUDA": "1" if _has_gpu() else "0"}
         try:
-            r = subprocess.run([sys.executable, "-c", _PROBE], preexec_fn=become, cwd="/", env=env,
+            r = subprocess.run([sys.executable, "-c", _PROBE], preexec_fn=lambda: _become(ids), cwd="/", env=env,
                                capture_output=True, text=True, timeout=300)
             err = "" if r.returncode == 0 else (r.stderr.strip().splitlines() or ["?"])[-1]
         except OSError as e:

@@ -79,16 +79,13 @@ def parse_skill_file(path: Path, corpus: Path) -> Skill:
 
 def seal_file(path: Path) -> str:
     """Set the front matter's sha256 to the text's (after the maintainers edit a skill); returns it."""
-    import re
-
     raw = path.read_bytes().decode("utf-8")
     _, body = split_front_matter(raw, str(path))
     digest = sha256_text(body)
-    head, sep, rest = raw.partition(body) if body else (raw, "", "")
-    head, n = re.subn(r"(?m)^sha256:.*$", f"sha256: {digest}", head, count=1)
+    head, n = re.subn(r"(?m)^sha256:.*$", f"sha256: {digest}", raw[: len(raw) - len(body)], count=1)
     if n != 1:
         raise SkillError(f"{path}: no 'sha256:' line in the front matter")
-    path.write_bytes((head + sep + rest).encode("utf-8"))
+    path.write_bytes((head + body).encode("utf-8"))
     return digest
 
 
