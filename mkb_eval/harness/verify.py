@@ -460,18 +460,20 @@ def _run_gpu(rec: VerificationRecord, prob: P.Problem, dsl: str, w: _Worker, siz
 
 
 _SITE = re.compile(r"(?:/[^\s\"':]+)*/(?:site|dist)-packages/")
-_EVAL = re.compile(r"(?:/[^\s\"':]+)*/mkb-eval-[A-Za-z0-9_]+")
+_EVAL = re.compile(r"(?:/[^\s\"':]+)*/mkb-eval-[A-Za-z0-9_]+(/?)")
 
 
 def redact_paths(text: str, root: Path | None = None) -> str:
-    """Machine paths out of messages and output tails: the evaluation folder, installed packages
-    and this repository become placeholders, so records can be shared and committed."""
+    """Machine paths out of messages and output tails, so records can be shared and committed:
+    files in the evaluation folder get paths relative to it (the folder itself is ``<eval>``),
+    installed packages and this repository become ``<site-packages>`` and ``<repo>``."""
     if not text:
         return text
     if root is not None:
-        text = text.replace(str(root), "<eval>")
+        text = text.replace(str(root) + "/", "").replace(str(root), "<eval>")
+    text = _SITE.sub("<site-packages>/", text)               # first: a virtualenv may sit inside the repo
     text = text.replace(str(Path(mkb_eval.__file__).resolve().parent.parent), "<repo>")
-    return _EVAL.sub("<eval>", _SITE.sub("<site-packages>/", text))
+    return _EVAL.sub(lambda m: "" if m.group(1) else "<eval>", text)
 
 
 def spawn_worker(tier: str, gpu: int, limits: Limits, preload: bool = False) -> _Worker:
