@@ -51,6 +51,8 @@ def measure(args: tuple[str, str, str, str]) -> dict:
         judge = Judge(prob, size, device)
         seeds = list(range(1, WARMUP + TIMED + 2))
         gpu = device.startswith("cuda")
+        if gpu:
+            torch.cuda.set_device(torch.device(device))
         with gpu_lock(lock):
             if gpu:
                 torch.cuda.synchronize()
@@ -122,7 +124,18 @@ def main() -> int:
     ap.add_argument("--problems", default="")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--size", default="full")
+    ap.add_argument("--merge", nargs="+", metavar="ROWS_JSONL",
+                    help="measure nothing: build the report from these row logs (a later row of a problem wins)")
     args = ap.parse_args()
+    out = Path(args.out)
+    if args.merge:
+        rows = {}
+        for f in args.merge:
+            for line in Path(f).read_text().splitlines():
+                if line.strip():
+                    r = json.loads(line)
+                    rows[r["id"]] = r
+        return write_report(out, sorted(rows.values(), key=lambda r: r["id"]), args.size)
     from mkb_eval import problems as P
 
     folders = P.discover()
@@ -131,20 +144,41 @@ def main() -> int:
         folders = [f for f in folders if int(f.name[:2]) in want]
     lock = os.path.join(os.environ.get("TMPDIR", "/tmp"), "mkb_gpu_timing.lock")
     ctx = mp.get_context("spawn")
-    out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    rows = []
-    with ctx.Pool(args.jobs, maxtasksperchild=1) as pool, open(out.with_suffix(".rows.jsonl"), "a") as log:
-        for row in pool.imap_unordered(measure, [(str(f), lock, args.device, args.size) for f in folders]):
-            rows.append(row)
-            log.write(json.dumps(row) + "\n")     # kept even if the run is cut short
-            log.flush()
-    rows.sort(key=lambda r: r["id"])
-    out.with_suffix(".json").write_text(json.dumps(rows, indent=1))
     import torch
 
+    # one timing lock per GPU, problems dealt round-robin over the visible GPUs
+    n_gpu = torch.cuda.device_count() if args.device == "cuda" else 0
+    jobs = [(str(f), f"{lock}.{i % n_gpu}" if n_gpu else lock, f"cuda:{i % n_gpu}" if n_gpu else args.device,
+             args.size) for i, f in enumerate(folders)]
+    rows: dict[int, dict] = {}
+    with open(out.with_suffix(".rows.jsonl"), "a") as log:
+        def run(pending: list, procs: int) -> None:
+            with ctx.Pool(procs, maxtasksperchild=1) as pool:
+                for row in pool.imap_unordered(measure, pending):
+                    rows[row["id"]] = row
+                    log.write(json.dumps(row) + "\n")     # kept even if the run is cut short
+                    log.flush()
+
+        run(jobs, args.jobs)
+        # peak memory needs the GPU to itself: a reference that ran out of memory beside the other
+        # processes is measured again alone (the later row wins in the .rows.jsonl log too)
+        oom = [j for j in jobs if "OutOfMemoryError" in rows.get(int(Path(j[0]).name[:2]), {}).get("error", "")]
+        if oom:
+            print(f"again, one at a time (out of memory beside the others): {[Path(j[0]).name[:2] for j in oom]}")
+            run(oom, 1)
     gpu_name = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
-    lines = [f"# Problem report ({args.size} size, {gpu_name}, torch {torch.__version__})", "",
+    for r in rows.values():
+        r.setdefault("gpu", gpu_name)
+        r.setdefault("torch", torch.__version__)
+    return write_report(out, sorted(rows.values(), key=lambda r: r["id"]), args.size)
+
+
+def write_report(out: Path, rows: list[dict], size: str) -> int:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(rows, indent=1))
+    envs = sorted({f"{r.get('gpu', 'GPU not recorded')}, torch {r.get('torch', '?')}" for r in rows})
+    lines = [f"# Problem report ({size} size, {'; '.join(envs)})", "",
              f"Eager: median of {TIMED} timed draws after {WARMUP} warm-up; torch.compile: the verifier's 50 after 10 "
              "(also stored in the verifier's compile cache). L2 flushed, device-wide sync inside the event pair. "
              "Peak GiB: reference plus its fp64 anchor. SOL ratio = SOL time / eager time.", "",
@@ -155,7 +189,7 @@ def main() -> int:
         return "-" if x is None else format(x, spec)
 
     for r in rows:
-        note = r.get("error", "") or ("eager < 20 us" if r.get("small") else "")
+        note = " ".join(r.get("error", "").split())[:200] or ("eager < 20 us" if r.get("small") else "")
         lines.append(f"| {r['id']:02d} | {r['name']} | {f(r.get('peak_gib'), '.2f')} | {f(r.get('eager_ms'))} | "
                      f"{f(r.get('compile_ms'))} | {f(r['sol_ms'])} | {r['bound']} | {f(r.get('sol_over_eager'), '.3f')} | {note} |")
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
