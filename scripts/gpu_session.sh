@@ -26,6 +26,19 @@ case "$stage" in
       > "$OUT/report.log" 2>&1
     tail -5 "$OUT/report.log"; cp "$MKB_STATE"/problem_report.* "$MKB_CACHE_DIR/compile_baselines.jsonl" "$OUT/" 2>/dev/null ;;
   sweep)
+    # preflight: one evaluation per DSL with the default worker user; if the unprivileged user cannot
+    # evaluate here, the sweep keeps root workers (its records say so in sandbox.uid) rather than fail
+    if [ -z "${MKB_WORKER_USER+x}" ]; then
+      for d in cutedsl tirx; do
+        timeout 120 python3 -m mkb_eval.cli verify --problem 28 --dsl $d --no-compile-baseline --json \
+          > "$OUT/preflight_$d.json" 2> "$OUT/preflight_$d.err" &
+      done; wait
+      if ! python3 -c "import json,sys; sys.exit(any(json.load(open(f))['status'] != 'ok' for f in sys.argv[1:]))" \
+          "$OUT"/preflight_*.json; then
+        echo "preflight failed with the default worker user: sweeping with MKB_WORKER_USER='' (root)" | tee "$OUT/preflight.txt"
+        export MKB_WORKER_USER=""
+      fi
+    fi
     timeout "$budget" python3 -m mkb_eval.cli verify --all --parallel "${PARALLEL:-8}" --warm --cached-compile-baseline \
       --out "$MKB_STATE/sweep.jsonl" "$@" > "$OUT/sweep.log" 2>&1
     tail -30 "$OUT/sweep.log"; cp "$MKB_STATE/sweep.jsonl" "$OUT/" ;;

@@ -36,7 +36,8 @@ class SandboxConfig:
     memory_bytes: int | None = 48 << 30
     max_tasks: int | None = 1024          # threads count: CUDA, OpenMP and compilers start many
     max_file_bytes: int = 8 << 30
-    run_as: str | None = "nobody"         # the user a root parent's worker becomes; None keeps root
+    # the user a root parent's worker becomes; None (MKB_WORKER_USER="") keeps root
+    run_as: str | None = field(default_factory=lambda: os.environ.get("MKB_WORKER_USER", "nobody") or None)
 
 
 @dataclass
@@ -165,11 +166,20 @@ class Sandbox:
                 pass
 
 
-_PROBED: dict[str, tuple[tuple[int, int] | None, str]] = {}
-# what a worker needs as its user: the package (hence the repo), torch, and a working CUDA context
-_PROBE = ("import os, mkb_eval.harness.worker, torch\n"
+_PROBED: dict[str, tuple[tuple[int, int] | None, str, Path]] = {}
+# what a worker needs as its user: the package, the problems, torch, the DSL toolchains the parent
+# has, and a working CUDA context
+_PROBE = ("import importlib, os, sys, mkb_eval.harness.worker, torch\n"
+          "for m in filter(None, os.environ['MKB_PROBE_MODULES'].split(',')):\n"
+          "    importlib.import_module(m)\n"
+          "open(os.environ['MKB_PROBE_FILE'], 'rb').close()\n"
           "if os.environ.get('MKB_PROBE_CUDA') == '1':\n"
           "    assert torch.ones(8, device='cuda').sum().item() == 8\n")
+_CODE = ("mkb_eval", "problems")         # what a worker reads: its own code and the problem folders
+
+
+def repo_root() -> Path:
+    return Path(__file__).resolve().parents[2]
 
 
 def _become(ids: tuple[int, int]) -> None:
@@ -180,33 +190,90 @@ def _become(ids: tuple[int, int]) -> None:
 
 
 def unprivileged_ids(user: str | None) -> tuple[tuple[int, int] | None, str]:
-    """(uid, gid) a root parent's workers run as, or (None, why not); probed once per process."""
+    """(uid, gid) a root parent's workers run as, or (None, why not); probed once per process.
+
+    Where the user cannot read the checkout (a repo under root's home, say), the worker's code and
+    the problems are staged as a world-readable copy and probed again (see ``code_root``)."""
     if user is None or os.geteuid() != 0:
         return None, ""
     if user not in _PROBED:
         import pwd
-        import subprocess
-        import sys
 
         try:
             pw = pwd.getpwnam(user)
             ids = (pw.pw_uid, pw.pw_gid)
         except KeyError:
-            _PROBED[user] = None, f"no user '{user}'"
-            return _PROBED[user]
+            _PROBED[user] = None, f"no user '{user}'", repo_root()
+            return None, f"no user '{user}'"
+        code = repo_root()
+        err = _probe(ids, code)
+        if err and "(the interpreter)" not in err:       # the checkout may be unreadable to the user
+            try:
+                code = stage_code()
+                err = _probe(ids, code)
+            except OSError as e:
+                err = f"staging the worker's code failed: {type(e).__name__}: {e.strerror}"
+        _PROBED[user] = ((None, f"kept: '{user}' cannot run a worker here: {err[:160]}", repo_root()) if err
+                         else (ids, "", code))
+    return _PROBED[user][:2]
 
-        env = {**os.environ, "HOME": "/tmp", "PYTHONDONTWRITEBYTECODE": "1",
-               "MKB_PROBE_CUDA": "1" if _has_gpu() else "0"}
-        try:
-            r = subprocess.run([sys.executable, "-c", _PROBE], preexec_fn=lambda: _become(ids), cwd="/", env=env,
-                               capture_output=True, text=True, timeout=300)
-            err = "" if r.returncode == 0 else (r.stderr.strip().splitlines() or ["?"])[-1]
-        except OSError as e:
-            err = f"{type(e).__name__}: {e.strerror} (the interpreter)"      # no machine paths in records
-        except subprocess.SubprocessError as e:
-            err = type(e).__name__
-        _PROBED[user] = (None, f"kept: '{user}' cannot run a worker here: {err[:160]}") if err else (ids, "")
-    return _PROBED[user]
+
+def code_root(user: str | None) -> Path:
+    """The folder holding the ``mkb_eval`` and ``problems`` a worker of ``user`` imports and reads."""
+    if unprivileged_ids(user)[0] is None:
+        return repo_root()
+    return _PROBED[user][2]
+
+
+def _probe(ids: tuple[int, int], code: Path) -> str:
+    """'' when ``ids`` can import the worker from ``code`` (and the toolchains, and open the GPU)."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    mods = [m for m in ("cutlass", "tvm") if importlib.util.find_spec(m) is not None]
+    probe_file = next((code / "problems").rglob("reference.py"), code / "mkb_eval" / "__init__.py")
+    env = {**os.environ, "HOME": "/tmp", "PYTHONDONTWRITEBYTECODE": "1", "MKB_PROBE_MODULES": ",".join(mods),
+           "MKB_PROBE_FILE": str(probe_file), "MKB_PROBE_CUDA": "1" if _has_gpu() else "0",
+           "PYTHONPATH": str(code) + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else "")}
+    try:
+        r = subprocess.run([sys.executable, "-c", _PROBE], preexec_fn=lambda: _become(ids), cwd="/", env=env,
+                           capture_output=True, text=True, timeout=300)
+        return "" if r.returncode == 0 else (r.stderr.strip().splitlines() or ["?"])[-1]
+    except OSError as e:
+        return f"{type(e).__name__}: {e.strerror} (the interpreter)"      # no machine paths in records
+    except subprocess.SubprocessError as e:
+        return type(e).__name__
+
+
+def stage_code() -> Path:
+    """A root-owned, world-readable, read-only copy of the worker's code and the problems, named by
+    their content so concurrent sweeps share it and a changed checkout gets a new one."""
+    import hashlib
+    import tempfile
+
+    root = repo_root()
+    files = sorted(f for d in _CODE for f in (root / d).rglob("*")
+                   if f.is_file() and "__pycache__" not in f.parts and f.suffix != ".pyc")
+    h = hashlib.sha256()
+    for f in files:
+        h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes() + b"\0")
+    dest = Path(tempfile.gettempdir()) / f"mkb-code-{h.hexdigest()[:16]}"
+    if dest.is_dir():
+        return dest
+    tmp = Path(tempfile.mkdtemp(prefix="mkb-code-tmp-"))
+    for f in files:
+        out = tmp / f.relative_to(root)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(f, out)
+        out.chmod(0o444)
+    for d in [tmp, *(p for p in tmp.rglob("*") if p.is_dir())]:
+        d.chmod(0o555)
+    try:
+        tmp.rename(dest)
+    except OSError:                      # another sweep staged the same content first
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dest
 
 
 def _has_gpu() -> bool:

@@ -31,7 +31,7 @@ from mkb_eval.env import describe
 from mkb_eval.harness.channel import read_messages
 from mkb_eval.harness.lanes import GpuLane
 from mkb_eval.harness.policy import check_source
-from mkb_eval.harness.sandbox import Sandbox, SandboxConfig, session_usage
+from mkb_eval.harness.sandbox import Sandbox, SandboxConfig, code_root, repo_root, session_usage
 from mkb_eval.records import Timing, VerificationRecord
 
 CORRECTNESS_DRAWS = 5
@@ -62,10 +62,10 @@ def _seed() -> int:
     return secrets.randbits(63)
 
 
-def _scrubbed_env(extra: dict[str, str]) -> dict[str, str]:
+def _scrubbed_env(extra: dict[str, str], code: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if not any(s in k.upper() for s in _SECRET_ENV) and not k.upper().startswith(("HF_TOKEN", "OPENAI", "MKB_API"))}
-    root = str(Path(mkb_eval.__file__).resolve().parent.parent)
+    root = str(code)
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.update(extra)
     return env
@@ -104,7 +104,7 @@ class _Worker:
             "XDG_CACHE_HOME": str(root / "cache"), "TVM_HOME": str(root / "tvm"), "HOME": str(root / "home"),
             "PYTHONDONTWRITEBYTECODE": "1",
             "PYTHONUNBUFFERED": "1", **({"MKB_WORKER_PRELOAD": "1"} if preload else {}), **env_extra,
-        })
+        }, code_root(limits.sandbox.run_as))
         self.sandbox = Sandbox.create(limits.sandbox, owned=root)
         self.stdout, self.stderr = root / "stdout.txt", root / "stderr.txt"
         with open(self.stdout, "wb") as so, open(self.stderr, "wb") as se:
@@ -290,15 +290,26 @@ def verify_source(problem: P.Problem | str | int, dsl: str, source: str, **kwarg
         return verify(problem, dsl, path, **kwargs).to_dict()
 
 
-def _job(prob: P.Problem, dsl: str, root: Path, tier: str, size: str, device: str, gpu: int = 0) -> dict[str, Any]:
+def _job(prob: P.Problem, dsl: str, root: Path, tier: str, size: str, device: str, gpu: int = 0,
+         user: str | None = None) -> dict[str, Any]:
     timing_cpu, work_cpus = _cores(gpu) if tier == "gpu" else (None, None)
-    return {"problem_dir": str(prob.path), "dsl": dsl, "tier": tier, "size": size, "device": device,
+    return {"problem_dir": str(_worker_path(prob.path, user)), "dsl": dsl, "tier": tier, "size": size, "device": device,
             "kernel_path": str(root / "work" / "kernel.py"), "out_dir": str(root / "out"), "dump_dir": str(root / "dump"),
             "correctness_seeds": [_seed() for _ in range(CORRECTNESS_DRAWS)], "reuse_draws": list(REUSE_DRAWS),
             "nodsl_seed": _seed(), "warmup_seeds": [_seed() for _ in range(WARMUP_DRAWS)],
             "timing_seeds": [_seed() for _ in range(TIMING_DRAWS)],
             "recheck": sorted(secrets.SystemRandom().sample(range(TIMING_DRAWS), RECHECKS)),
             "timing_cpu": timing_cpu, "work_cpus": work_cpus}
+
+
+def _worker_path(path: Path, user: str | None) -> Path:
+    """Where the worker finds a problem folder: the same folder in the staged copy of the checkout
+    when its user cannot read the checkout (``sandbox.code_root``); folders outside it unchanged."""
+    code, repo = code_root(user), repo_root()
+    try:
+        return code / Path(path).resolve().relative_to(repo) if code != repo else Path(path)
+    except ValueError:
+        return Path(path)
 
 
 def _cores(gpu: int) -> tuple[int | None, list[int] | None]:
@@ -376,7 +387,7 @@ def _run_cpu(rec: VerificationRecord, prob: P.Problem, dsl: str, w: _Worker, lim
     from mkb_eval.harness.tolerance import check_structure
 
     root = w.root
-    job = _job(prob, dsl, root, "cpu", "smoke", "cpu")
+    job = _job(prob, dsl, root, "cpu", "smoke", "cpu", user=w.limits.sandbox.run_as)
     t0 = time.perf_counter()
     judge = Judge(prob, "smoke", "cpu")
     ref, _ = judge.expected(judge.inputs(job["correctness_seeds"][0]))   # reference and anchor at smoke size
@@ -413,7 +424,7 @@ def _run_gpu(rec: VerificationRecord, prob: P.Problem, dsl: str, w: _Worker, siz
     """Worker start → (lane shared) phase 1 + judging → (lane exclusive) timing + baselines → rechecks."""
     from mkb_eval.harness.judge import Judge
 
-    job = _job(prob, dsl, w.root, "gpu", size, "cuda:0", gpu)    # the worker sees one GPU
+    job = _job(prob, dsl, w.root, "gpu", size, "cuda:0", gpu, user=w.limits.sandbox.run_as)    # the worker sees one GPU
     judge = Judge(prob, size, f"cuda:{gpu}")
     out = w.root / "out"
     w.start(job)
@@ -460,6 +471,7 @@ def _run_gpu(rec: VerificationRecord, prob: P.Problem, dsl: str, w: _Worker, siz
 
 
 _SITE = re.compile(r"(?:/[^\s\"':]+)*/(?:site|dist)-packages/")
+_CODE = re.compile(r"(?:/[^\s\"':]+)*/mkb-code-[0-9a-f]+")
 _EVAL = re.compile(r"(?:/[^\s\"':]+)*/mkb-eval-[A-Za-z0-9_]+(/?)")
 
 
@@ -472,7 +484,7 @@ def redact_paths(text: str, root: Path | None = None) -> str:
     if root is not None:
         text = text.replace(str(root) + "/", "").replace(str(root), "<eval>")
     text = _SITE.sub("<site-packages>/", text)               # first: a virtualenv may sit inside the repo
-    text = text.replace(str(Path(mkb_eval.__file__).resolve().parent.parent), "<repo>")
+    text = _CODE.sub("<repo>", text.replace(str(Path(mkb_eval.__file__).resolve().parent.parent), "<repo>"))
     return _EVAL.sub(lambda m: "" if m.group(1) else "<eval>", text)
 
 

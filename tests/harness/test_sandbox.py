@@ -2,6 +2,7 @@
 really run it (probed), and the record says which user it got and why."""
 
 import os
+import tempfile
 
 from mkb_eval.harness import sandbox as S
 
@@ -28,3 +29,48 @@ def test_the_record_fact_names_the_user(tmp_path):
             assert (why in sb.facts["uid"]) if why else True
     finally:
         sb.cleanup()
+
+
+def test_an_unreadable_checkout_is_staged_as_a_readonly_copy(monkeypatch, tmp_path):
+    """A worker user that cannot read the checkout gets a world-readable copy of the worker's code
+    and the problems, named by content, and the worker is pointed at the copy."""
+    from mkb_eval.harness import verify as V
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    tried = []
+
+    def probe(ids, code):
+        tried.append(code)
+        return "ModuleNotFoundError: No module named 'mkb_eval'" if code == S.repo_root() else ""
+
+    monkeypatch.setattr(S.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(S, "_probe", probe)
+    monkeypatch.setattr(S, "_PROBED", {})
+    ids, why = S.unprivileged_ids("nobody")
+    assert ids is not None and why == ""
+    code = S.code_root("nobody")
+    assert tried == [S.repo_root(), code] and code.parent == tmp_path and code.name.startswith("mkb-code-")
+    ref = next(S.repo_root().glob("problems/*/28_*/reference.py"))
+    copy = code / ref.relative_to(S.repo_root())
+    assert copy.read_bytes() == ref.read_bytes()
+    assert copy.stat().st_mode & 0o777 == 0o444 and copy.parent.stat().st_mode & 0o777 == 0o555
+    assert S.stage_code() == code                                    # same content: the same copy
+    assert V._worker_path(ref.parent, "nobody") == copy.parent
+    assert V._worker_path(tmp_path, "nobody") == tmp_path          # outside the checkout: unchanged
+    assert "<repo>/problems" in V.redact_paths(f"error in {copy}")
+
+
+def test_a_user_that_cannot_even_start_the_interpreter_is_not_staged_for(monkeypatch):
+    monkeypatch.setattr(S.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(S, "_probe", lambda ids, code: "PermissionError: Permission denied (the interpreter)")
+    monkeypatch.setattr(S, "_PROBED", {})
+    monkeypatch.setattr(S, "stage_code", lambda: (_ for _ in ()).throw(AssertionError("staged")))
+    ids, why = S.unprivileged_ids("nobody")
+    assert ids is None and "the interpreter" in why and S.code_root("nobody") == S.repo_root()
+
+
+def test_worker_user_can_be_kept_by_environment(monkeypatch):
+    monkeypatch.setenv("MKB_WORKER_USER", "")
+    assert S.SandboxConfig().run_as is None
+    monkeypatch.setenv("MKB_WORKER_USER", "nobody")
+    assert S.SandboxConfig().run_as == "nobody"
