@@ -102,7 +102,8 @@ def _sweep(args: argparse.Namespace, limits: Any) -> int:
             return 2
     sweep.run_sweep(jobs, out, tier=args.tier, parallel=args.parallel, executor=args.executor,
                     address=args.address, warm=args.warm, verify_kwargs={
-        "size": args.size, "limits": limits, "compile_baseline": _compile_mode(args)})
+        "size": args.size, "limits": limits, "compile_baseline": _compile_mode(args),
+        "reuse_eager": args.reuse_eager_baseline})
     from mkb_eval.records import read_jsonl
 
     recs = [r for r in sweep.latest(read_jsonl(out) if out.exists() else []) if (r["problem_id"], r["dsl"]) in
@@ -174,7 +175,7 @@ def _verify(args: argparse.Namespace) -> int:
         print(f"mkb verify: no kernel file at {kernel}", file=sys.stderr)
         return 2
     rec = verify(prob, args.dsl, kernel, tier=args.tier, size=args.size, limits=limits,
-                 compile_baseline=_compile_mode(args), keep_dir=args.keep)
+                 compile_baseline=_compile_mode(args), keep_dir=args.keep, reuse_eager=args.reuse_eager_baseline)
     if args.out:
         append_jsonl(args.out, rec.to_dict())
     if args.json:
@@ -220,6 +221,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="sweeps: start each evaluation's worker ahead of need, toolchains preloaded (still one process per evaluation)")
     v.add_argument("--cached-compile-baseline", action="store_true",
                    help="take torch.compile times from the cache only (filled by scripts/problem_report.py)")
+    v.add_argument("--reuse-eager-baseline", action="store_true",
+                   help="measure a problem's eager time once (per size, GPU model, torch) in the cache and reuse it")
     v.add_argument("--out", help="append records to this JSONL file (sweeps: default runs/verify.jsonl)")
     v.add_argument("--keep", action="store_true", help="keep the evaluation's temp folder")
     v.add_argument("--json", action="store_true")

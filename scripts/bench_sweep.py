@@ -28,7 +28,8 @@ def sweep(out: Path, *, tier: str, parallel: int, warm: bool, gpus: int | None, 
     """One `mkb verify --all` into a fresh file; (wall seconds, records)."""
     out.unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "mkb_eval.cli", "verify", "--all", "--tier", tier, "--parallel", str(parallel),
-           "--out", str(out)] + (["--warm"] if warm else []) + (["--cached-compile-baseline"] if tier == "gpu" else [])
+           "--out", str(out)] + (["--warm"] if warm else []) + (
+        ["--cached-compile-baseline", "--reuse-eager-baseline"] if tier == "gpu" else [])
     if problems:
         cmd += ["--problems", problems]
     env = {**os.environ, **(extra_env or {})}

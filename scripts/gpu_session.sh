@@ -39,7 +39,7 @@ case "$stage" in
         export MKB_WORKER_USER=""
       fi
     fi
-    timeout "$budget" python3 -m mkb_eval.cli verify --all --parallel "${PARALLEL:-8}" --warm --cached-compile-baseline \
+    timeout "$budget" python3 -m mkb_eval.cli verify --all --parallel "${PARALLEL:-8}" --warm --cached-compile-baseline --reuse-eager-baseline \
       --out "$MKB_STATE/sweep.jsonl" "$@" > "$OUT/sweep.log" 2>&1
     tail -30 "$OUT/sweep.log"; cp "$MKB_STATE/sweep.jsonl" "$OUT/" ;;
   bench)

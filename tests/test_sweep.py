@@ -35,3 +35,21 @@ def test_compile_baseline_is_measured_once_and_looked_up_after(tmp_path):
         f.write("torn{\n")
     assert compile_baseline_cached(p28, "full", env, tmp_path, lambda: calls.append(1) or 9.0) == (2.5, True, None)
     assert calls == [1]
+
+
+def test_eager_baseline_reuse_has_its_own_file_and_failures_raise(tmp_path):
+    """Reusing the eager time is an option of sweeps: kept apart from torch.compile times, and an
+    eager reference that fails is the problem's fault, raised, never cached as a missing time."""
+    import pytest
+
+    from mkb_eval import problems as P
+    from mkb_eval.harness.judge import compile_baseline_cached
+
+    p28, env = P.find(28), {"gpu": "NVIDIA H200", "torch": "2.11.0+cu130"}
+    assert compile_baseline_cached(p28, "full", env, tmp_path, lambda: 3.0, kind="eager") == (3.0, False, None)
+    assert compile_baseline_cached(p28, "full", env, tmp_path, lambda: 7.0, kind="eager") == (3.0, True, None)
+    assert compile_baseline_cached(p28, "full", env, tmp_path, None) == (None, False, None)     # compile: own file
+    with pytest.raises(RuntimeError):
+        compile_baseline_cached(P.find(36), "full", env, tmp_path, lambda: (_ for _ in ()).throw(RuntimeError("x")),
+                                kind="eager")
+    assert len((tmp_path / "eager_baselines.jsonl").read_text().splitlines()) == 1

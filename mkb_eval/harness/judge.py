@@ -118,16 +118,17 @@ def read_compile_cache(path: Path) -> dict[str, dict[str, Any]]:
 
 
 def compile_baseline_cached(problem: Problem, size: str, env: dict[str, Any], cache_dir: Path,
-                            measure: Any | None) -> tuple[float | None, bool, str | None]:
-    """torch.compile time per (problem hash, GPU, torch): measured once, then reused.
+                            measure: Any | None, kind: str = "compile") -> tuple[float | None, bool, str | None]:
+    """A reference's baseline time per (problem hash, size, GPU, torch): measured once, then reused.
 
     Compiling the reference takes tens of seconds; the kernel-independent number need not be
     paid again for every evaluation (``scripts/problem_report.py`` fills the cache for every
-    problem at once, compiling in parallel). ``measure=None`` only looks up. Returns
-    (ms, cached, error).
+    problem at once, compiling in parallel). Sweeps may reuse the eager time the same way
+    (``kind="eager"``, its own file): it is the largest share of a timing lane's work. ``measure=None``
+    only looks up. Returns (ms, cached, error).
     """
     key = compile_baseline_key(problem.hash, size, env)
-    path = cache_dir / "compile_baselines.jsonl"
+    path = cache_dir / f"{kind}_baselines.jsonl"
     rec = read_compile_cache(path).get(key)
     if rec is not None:
         return rec.get("ms"), True, rec.get("error")
@@ -136,6 +137,8 @@ def compile_baseline_cached(problem: Problem, size: str, env: dict[str, Any], ca
     try:
         ms, err = float(measure()), None
     except Exception as e:  # noqa: BLE001 - torch.compile failing on a reference is a recorded fact
+        if kind != "compile":
+            raise
         ms, err = None, f"{type(e).__name__}: {str(e)[:300]}"
     cache_dir.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as f:

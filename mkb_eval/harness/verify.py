@@ -225,12 +225,14 @@ class _Worker:
 def verify(problem: P.Problem | str | int, dsl: str, kernel: str | Path, *, tier: str = "auto",
            size: str | None = None, gpu: int = 0, lane: GpuLane | None = None, limits: Limits | None = None,
            compile_baseline: bool | str = True, cache_dir: Path | None = None, keep_dir: bool = False,
-           pool: Any = None) -> VerificationRecord:
+           pool: Any = None, reuse_eager: bool = False) -> VerificationRecord:
     """Verify ``kernel`` (a path to kernel.py) for ``problem`` in ``dsl``; never raises for candidate faults.
 
     ``gpu`` picks the device; ``lane`` is that GPU's timing lane when several evaluations run at
     once (a private one otherwise). ``compile_baseline="cached"`` takes the torch.compile time
-    from the cache only, so a sweep never compiles a reference inside a timing lane. ``pool`` (a
+    from the cache only, so a sweep never compiles a reference inside a timing lane; ``reuse_eager``
+    measures the eager time once per problem (size, GPU model, torch) in the cache and reuses it
+    (flag ``eager_baseline_from_cache``), halving a two-DSL sweep's timing-lane work. ``pool`` (a
     :class:`~mkb_eval.harness.pool.WarmPool`) supplies a worker started ahead of need.
     """
     if dsl not in P.DSLS:
@@ -271,7 +273,8 @@ def verify(problem: P.Problem | str | int, dsl: str, kernel: str | Path, *, tier
         if tier == "cpu":
             _run_cpu(rec, prob, dsl, w, limits)
         else:
-            _run_gpu(rec, prob, dsl, w, size, gpu, lane or GpuLane(gpu), limits, compile_baseline, cache_dir)
+            _run_gpu(rec, prob, dsl, w, size, gpu, lane or GpuLane(gpu), limits, compile_baseline, cache_dir,
+                     reuse_eager)
     finally:
         w.kill()
         rec.message, rec.stdout_tail, rec.stderr_tail = (
@@ -420,7 +423,7 @@ def _run_cpu(rec: VerificationRecord, prob: P.Problem, dsl: str, w: _Worker, lim
 
 
 def _run_gpu(rec: VerificationRecord, prob: P.Problem, dsl: str, w: _Worker, size: str, gpu: int, lane: GpuLane,
-             limits: Limits, compile_baseline: bool | str, cache_dir: Path) -> None:
+             limits: Limits, compile_baseline: bool | str, cache_dir: Path, reuse_eager: bool = False) -> None:
     """Worker start → (lane shared) phase 1 + judging → (lane exclusive) timing + baselines → rechecks."""
     from mkb_eval.harness.judge import Judge
 
@@ -455,7 +458,7 @@ def _run_gpu(rec: VerificationRecord, prob: P.Problem, dsl: str, w: _Worker, siz
                 return
             w.kill()
             with _pinned(job["timing_cpu"]):             # the eager host path gets the timing core too
-                timing = _baselines(rec, prob, judge, job, size, fin, compile_baseline, cache_dir)
+                timing = _baselines(rec, prob, judge, job, size, fin, compile_baseline, cache_dir, reuse_eager)
     finally:
         w.kill()
         rec.stdout_tail, rec.stderr_tail = _tail(w.stdout), _tail(w.stderr)
@@ -544,7 +547,7 @@ def _judge_rechecks(rec: VerificationRecord, judge: Any, job: dict[str, Any], ou
 
 
 def _baselines(rec: VerificationRecord, prob: P.Problem, judge: Any, job: dict[str, Any], size: str,
-               fin: dict[str, Any], compile_baseline: bool | str, cache_dir: Path) -> Timing:
+               fin: dict[str, Any], compile_baseline: bool | str, cache_dir: Path, reuse_eager: bool = False) -> Timing:
     """Kernel timing summary plus eager and torch.compile baselines (same GPU, same seeds)."""
     import statistics
 
@@ -556,8 +559,16 @@ def _baselines(rec: VerificationRecord, prob: P.Problem, judge: Any, job: dict[s
                n_timed=TIMING_DRAWS, times_ms=[round(x, 5) for x in times])
     rec.kernels = fin.get("kernels", [])
     t0 = time.perf_counter()
-    eager, _ = judge.time_reference(job["warmup_seeds"], job["timing_seeds"])
-    t.eager_ms = eager.median_ms
+
+    def eager() -> float:
+        return judge.time_reference(job["warmup_seeds"], job["timing_seeds"])[0].median_ms
+
+    if reuse_eager:
+        t.eager_ms, cached, _ = compile_baseline_cached(prob, size, rec.env, cache_dir, eager, kind="eager")
+        if cached:
+            rec.flags.append("eager_baseline_from_cache")
+    else:
+        t.eager_ms = eager()
     rec.stages_s["eager_baseline"] = round(time.perf_counter() - t0, 3)
     if compile_baseline:
         t0 = time.perf_counter()
