@@ -18,12 +18,20 @@
 #      for out = sum_d p_d v_{t-d}; padding query frames are written as zeros.
 # Numerics: fp32 with the reference's order where it matters (k + r before the dot, x / 50 before tanh,
 # q scaled by fp32(192^-0.5 / ln 2) * softplus(per_dim_scale)); softplus is evaluated in fp64 and rounded.
+# TVM compiles device code with --use_fast_math, which turns fp32 tanhf / expf / sinf / cosf and '/' into
+# tanh.approx / ex2.approx / sin.approx / cos.approx / div.approx. The first version used them and failed on
+# the H200 (max error 5.68e-5 vs allowance 1.04e-5); a CPU model of the error at full size put tanh.approx
+# first (~2^-21 absolute on x / 50 gives ~6.6x the allowance), then sin/cos.approx of the timing table
+# (~1x) and ex2.approx in the softmax (~0.5x). So tanh, exp, sin, cos are evaluated in fp64 (fast math does
+# not touch fp64; the PTX keeps only ex2.approx of an integer inside fp64 tanh, which is exact) and rounded to
+# fp32, and x / 50 and p / sum use div.rn. Cost: 2 fp64 tanh + 2 fp64 exp per thread per CTA.
 # What limits it: DRAM for q, k, v, out (295 MB; SOL ~0.063 ms); the CuTe version of this design measured
 # 0.134 ms of kernel time on the H200 (three kernels together).
 # Streams: the compiled functions are called with torch tensors; tvm-ffi installs torch's current stream
 # as TVM's environment stream for each call, so the three kernels run in order on that stream.
-# Verification: compile-checked on CPU (sm_90a) and numerically checked with the CPU emulator of the
-# generated CUDA; not yet run on the H200.
+# Verification: the fast-math version failed on the H200 (see Numerics); this version is compile-checked on
+# CPU (sm_90a) and numerically checked with the CPU emulator of the generated CUDA (which now models the
+# device arithmetic: no approximate fp32 intrinsics remain); not yet run on the H200.
 
 import math
 
@@ -58,8 +66,12 @@ def timing_kernel(t_h: T.handle):
     x = T.alloc_local((1,), "float32")
     for it in T.unroll(HID // THREADS):
         i: T.let[T.int32] = tid + THREADS * it
-        x[0] = T.cast(d, "float32") * T.exp(T.cast(i % HALF, "float32") * T.float32(TS_COEF))
-        TM[d, i] = T.if_then_else(i < HALF, T.sin(x[0]), T.cos(x[0]))
+        # fp32 argument and product as in the reference; exp / sin / cos in fp64 (fast math leaves fp64 exact),
+        # rounded to fp32: sin.approx / cos.approx at |x| up to 12 would cost ~1e-6 absolute per entry
+        x[0] = T.cast(d, "float32") * T.cast(
+            T.exp(T.cast(T.cast(i % HALF, "float32") * T.float32(TS_COEF), "float64")), "float32")
+        TM[d, i] = T.if_then_else(i < HALF, T.cast(T.sin(T.cast(x[0], "float64")), "float32"),
+                                  T.cast(T.cos(T.cast(x[0], "float64")), "float32"))
 
 
 @T.prim_func
@@ -131,6 +143,7 @@ def attn_kernel(q_h: T.handle, k_h: T.handle, v_h: T.handle, pds_h: T.handle, r_
     snd = T.alloc_local((1,), "float32")
     kp = T.alloc_local((1,), "float32")
     lg = T.alloc_local((2,), "float32")
+    cap = T.alloc_local((1,), "float32")
     mx = T.alloc_local((1,), "float32")
     sm = T.alloc_local((1,), "float32")
     pr = T.alloc_local((2,), "float32")
@@ -213,21 +226,23 @@ def attn_kernel(q_h: T.handle, k_h: T.handle, v_h: T.handle, pds_h: T.handle, r_
         dd: T.let[T.int32] = 2 * (lane % 8) + e
         kf: T.let[T.int32] = tqf - dd
         okk: T.let[T.bool] = (dd < WIN) and (kf >= 0) and (tqf < NT)
+        # x / 50 correctly rounded (div.rn), tanh in fp64 rounded to fp32 (tanh.approx: ~2^-21 off, modelled)
+        T.ptx.div.rn.f32(cap[0], part[e], T.float32(SOFTCAP))
         lg[e] = T.if_then_else(
             okk and (PAD[b, T.max(T.min(kf, NT - 1), 0)] == T.uint8(0)),
-            T.float32(SOFTCAP) * T.tanh(part[e] / T.float32(SOFTCAP)), T.float32("-inf"))
+            T.float32(SOFTCAP) * T.cast(T.tanh(T.cast(cap[0], "float64")), "float32"), T.float32("-inf"))
     mx[0] = T.max(lg[0], lg[1])
     for r in T.unroll(3):
         mx[0] = T.max(mx[0], T.tvm_warp_shuffle_xor(0xFFFFFFFF, mx[0], 1 << r, 32, 32))
     mx[0] = T.if_then_else(mx[0] == T.float32("-inf"), T.float32(0.0), mx[0])
     for e in T.unroll(2):
-        pr[e] = T.exp(lg[e] - mx[0])
+        pr[e] = T.cast(T.exp(T.cast(lg[e] - mx[0], "float64")), "float32")      # not ex2.approx
     sm[0] = pr[0] + pr[1]
     for r in T.unroll(3):
         sm[0] = sm[0] + T.tvm_warp_shuffle_xor(0xFFFFFFFF, sm[0], 1 << r, 32, 32)
     sm[0] = T.if_then_else(sm[0] == T.float32(0.0), T.float32(1.0), sm[0])
     for e in T.unroll(2):
-        pr[e] = pr[e] / sm[0]
+        T.ptx.div.rn.f32(pr[e], pr[e], sm[0])                                    # not div.approx
 
     # ---- out_g = sum_d p[g, d] v_{t_g - d}; p[g, d] lives on lane 8 g + d / 2, element d % 2
     for e in T.unroll(QPW * DPL):

@@ -11,9 +11,10 @@ GEMM kernel (C = A @ B^T, A [M, K], B [N, K], both K-contiguous):
   128-bit loads), stored transposed into shared sA[k][m], sB[k][n] (row stride 132 floats, two buffers,
   one CTA barrier per k-tile); per k two 128-bit shared loads of A and two of B feed 64 FMAs.
 - Two-level accumulation: a 64-deep k-block accumulates in a temporary that is added to the running
-  sums every 4 k-tiles (no single fp32 accumulator over K = 3072 / 12288).
-- Rows / columns past the matrix edge are zero-filled on load and skipped on store (K must be a
-  multiple of 16).
+  sums every 4 k-tiles (no single fp32 accumulator over K = 3072 / 12288), written as a loop over
+  4-tile chunks around the tile loop.
+- Rows / columns past the matrix edge are clamped to the last row on load (not zeroed: they only feed
+  outputs that are not stored) and skipped on store (K must be a multiple of 16).
 GEMM 1 epilogue: h = gelu_tanh(acc + b_in), tanh(|u|) = -m / (2 + m) with m = expm1(-2|u|): Taylor
   polynomial for |2u| < ln2 / 2, else range-reduced exp (Cody-Waite, polynomial, exact power of two)
   minus 1, as in the TIRx version; h [4096, 12288] fp32 goes to a cached workspace (201 MB round trip).
@@ -22,12 +23,22 @@ Differences from the TIRx version: the loader moves 8 k per thread (two float4) 
 workspace is cached per (device, shape) instead of allocated per call, and the power of two of the
 exp is formed with exp2 of an integer instead of exponent-bit arithmetic.
 What limits it: fp32 FMA throughput (619 GFLOP; 9.2 ms at the 67 TFLOP/s peak) with one 256-thread CTA
-per SM (~200 registers for the two-level accumulators); the TIRx version of this template took 15.2 ms
-device time on the H200 (61% of peak).
+per SM (~200-255 registers for the two-level accumulators). H200 (2026-11-30) of the previous version:
+19.07 ms device, 0.91x torch.compile (17.63 ms), 0.64x eager (12.46 ms: cuBLAS SGEMM, ~74% of peak);
+the TIRx version of the same tiling took 15.21 ms (61% of peak). Its SASS (CPU compile, nvdisasm) showed
+why: (1) the zero-fill of out-of-range rows was a select on the freshly loaded registers about 12
+instructions after the global loads, so every k-tile waited for DRAM/L2 before its math; (2) the
+"flush every 4 tiles" condition compiled to 64 FADD + 72 FSEL executed on every tile. This version
+clamps instead of zeroing and flushes from a chunk loop: per tile 1024 FFMA + 64 LDS.128 + 16 STS +
+~35 other instructions, next-tile loads first read ~700 instructions later (255 registers, 16 bytes
+spilled once per 4-tile chunk). Expected near the TIRx version (~15 ms, ~1.15x torch.compile), not yet
+measured. Still slower than eager cuBLAS: a 128 x 128 x 16 register-blocked SIMT tile with 8 warps per
+SM reaches ~60% of fp32 peak; TF32 is excluded by the tolerance and 3xTF32 was not attempted.
 Host path: compiled once per (hidden, inner) with tvm-ffi (symbolic token count); torch tensors
 passed directly; both kernels on the caller's current torch stream, in order.
 
-Verification: compile-checked on CPU (sm_90a); not yet run on the H200.
+Verification: the previous version passed on the H200; this one is compile-checked on CPU (sm_90a), its
+index math and accumulation order are unchanged (same tiles, same 64-deep chunks); not yet run on the H200.
 """
 
 import math
@@ -96,12 +107,11 @@ def _make_gemm(epi: str):
 
         lr = tidx // 2
         lk = (tidx % 2) * 8
-        a_row = m0 + lr
-        b_row = n0 + lr
-        a_ok = a_row < M
-        b_ok = b_row < N
-        a_rc = cutlass.min(a_row, M - 1)
-        b_rc = cutlass.min(b_row, N - 1)
+        # rows past the edge are clamped to the last row and NOT zeroed: their products only reach
+        # outputs past M / N, which the epilogue does not store. (Zeroing them right after the load made
+        # every k-tile wait for its global loads before the math: the first H200 run, 19.07 ms.)
+        a_rc = cutlass.min(m0 + lr, M - 1)
+        b_rc = cutlass.min(n0 + lr, N - 1)
         ra = cute.make_rmem_tensor((8,), Float32)
         rb = cute.make_rmem_tensor((8,), Float32)
         acc = cute.make_rmem_tensor((64,), Float32)
@@ -112,48 +122,42 @@ def _make_gemm(epi: str):
         nk = K // BK
         cute.autovec_copy(cute.zipped_divide(mA[a_rc, None], (8,))[(None, lk // 8)], ra)
         cute.autovec_copy(cute.zipped_divide(mB[b_rc, None], (8,))[(None, lk // 8)], rb)
-        if cutlass.not_(a_ok):
-            ra.fill(0.0)
-        if cutlass.not_(b_ok):
-            rb.fill(0.0)
         for j in cutlass.range_constexpr(8):
             sA[0, lk + j, lr] = ra[j]
             sB[0, lk + j, lr] = rb[j]
         cute.arch.barrier()
 
-        for kt in cutlass.range(nk, unroll=1):
-            buf = kt % 2
-            if kt + 1 < nk:
-                kn = (kt + 1) * BK + lk
-                cute.autovec_copy(cute.zipped_divide(mA[a_rc, None], (8,))[(None, kn // 8)], ra)
-                cute.autovec_copy(cute.zipped_divide(mB[b_rc, None], (8,))[(None, kn // 8)], rb)
-                if cutlass.not_(a_ok):
-                    ra.fill(0.0)
-                if cutlass.not_(b_ok):
-                    rb.fill(0.0)
-            for k in cutlass.range_constexpr(BK):
-                av = cute.make_rmem_tensor((8,), Float32)
-                bv = cute.make_rmem_tensor((8,), Float32)
-                cute.autovec_copy(cute.zipped_divide(sA[buf, k, None], (4,))[(None, ty)],
-                                  cute.zipped_divide(av, (4,))[(None, 0)])
-                cute.autovec_copy(cute.zipped_divide(sA[buf, k, None], (4,))[(None, 16 + ty)],
-                                  cute.zipped_divide(av, (4,))[(None, 1)])
-                cute.autovec_copy(cute.zipped_divide(sB[buf, k, None], (4,))[(None, tx)],
-                                  cute.zipped_divide(bv, (4,))[(None, 0)])
-                cute.autovec_copy(cute.zipped_divide(sB[buf, k, None], (4,))[(None, 16 + tx)],
-                                  cute.zipped_divide(bv, (4,))[(None, 1)])
-                for i in cutlass.range_constexpr(8):
+        # two-level accumulation as a nested loop: tiles of one 64-deep chunk accumulate in tmp, which is
+        # added to acc once per chunk (a per-tile conditional flush compiled to 128 selects/adds per tile)
+        for kc in cutlass.range((nk + CHUNK_TILES - 1) // CHUNK_TILES, unroll=1):
+            for kt in cutlass.range(kc * CHUNK_TILES, cutlass.min(kc * CHUNK_TILES + CHUNK_TILES, nk), unroll=1):
+                buf = kt % 2
+                if kt + 1 < nk:
+                    kn = (kt + 1) * BK + lk
+                    cute.autovec_copy(cute.zipped_divide(mA[a_rc, None], (8,))[(None, kn // 8)], ra)
+                    cute.autovec_copy(cute.zipped_divide(mB[b_rc, None], (8,))[(None, kn // 8)], rb)
+                for k in cutlass.range_constexpr(BK):
+                    av = cute.make_rmem_tensor((8,), Float32)
+                    bv = cute.make_rmem_tensor((8,), Float32)
+                    cute.autovec_copy(cute.zipped_divide(sA[buf, k, None], (4,))[(None, ty)],
+                                      cute.zipped_divide(av, (4,))[(None, 0)])
+                    cute.autovec_copy(cute.zipped_divide(sA[buf, k, None], (4,))[(None, 16 + ty)],
+                                      cute.zipped_divide(av, (4,))[(None, 1)])
+                    cute.autovec_copy(cute.zipped_divide(sB[buf, k, None], (4,))[(None, tx)],
+                                      cute.zipped_divide(bv, (4,))[(None, 0)])
+                    cute.autovec_copy(cute.zipped_divide(sB[buf, k, None], (4,))[(None, 16 + tx)],
+                                      cute.zipped_divide(bv, (4,))[(None, 1)])
+                    for i in cutlass.range_constexpr(8):
+                        for j in cutlass.range_constexpr(8):
+                            tmp[i * 8 + j] = tmp[i * 8 + j] + av[i] * bv[j]
+                if kt + 1 < nk:
+                    nb = 1 - buf
                     for j in cutlass.range_constexpr(8):
-                        tmp[i * 8 + j] = tmp[i * 8 + j] + av[i] * bv[j]
-            if kt + 1 < nk:
-                nb = 1 - buf
-                for j in cutlass.range_constexpr(8):
-                    sA[nb, lk + j, lr] = ra[j]
-                    sB[nb, lk + j, lr] = rb[j]
-            if ((kt + 1) % CHUNK_TILES == 0) | (kt + 1 == nk):
-                acc.store(acc.load() + tmp.load())
-                tmp.fill(0.0)
-            cute.arch.barrier()
+                        sA[nb, lk + j, lr] = ra[j]
+                        sB[nb, lk + j, lr] = rb[j]
+                cute.arch.barrier()
+            acc.store(acc.load() + tmp.load())
+            tmp.fill(0.0)
 
         # epilogue: + bias (GELU), 128-bit stores of 4 consecutive columns
         for hj in cutlass.range_constexpr(2):

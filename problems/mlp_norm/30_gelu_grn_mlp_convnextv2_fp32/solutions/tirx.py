@@ -7,7 +7,8 @@
 #   rows 4ty..+3 and 64+4ty..+3, columns 4tx..+3 and 64+4tx..+3 (conflict-free float4 shared reads).
 # - Next k-tile global -> registers (float4) while the current one is computed, stored k-major into the
 #   other of two shared buffers; one barrier per k-tile. Two-level accumulation: a fresh partial per 64 k
-#   values added into the running sums (as in the CuTe solution).
+#   values added into the running sums (as in the CuTe solution). The loads sit in their own block before
+#   the math and the store after it is unconditional (see Limits for why).
 # - GEMM 1 epilogue: h = GELU_erf(acc + b1) stored to h [M, 2048] (103 MB round trip), and the GRN sums of
 #   h^2 per (image, column) over the tile's rows. DIFFERENCE from the CuTe solution: instead of atomic adds
 #   into a zeroed [images, 2048] buffer (which the stats kernel then re-zeroed), each tile writes its
@@ -15,16 +16,26 @@
 #   128 // 196 + 2 = 2 images); deterministic, no atomics, no zeroing dependency between calls.
 # - Stats kernel (one CTA per image): G2 = sum of the partials of the (at most 2) tiles covering the image,
 #   G = sqrt(G2), N = G / (mean over channels of G + 1e-6), written to nx [images, 2048].
-# - GEMM 2: out = h' @ w2^T + b2, the A loader forms h' = gamma * (h * nx[image]) + beta + h on the fly.
+# - GEMM 2: out = h' @ w2^T + b2, the A loader forms h' = gamma * (h * nx[image]) + beta + h on the fly
+#   (h and nx loaded one tile ahead; gamma, beta and the formula applied after the math, at the store).
 # - sqrt and the divisions use PTX sqrt.rn / div.rn (TVM builds device code with --use_fast_math).
 # Limits: fp32 FMA issue rate (53 GFLOP, 0.79 ms at the 67 TFLOP/s peak) with one 256-thread CTA per SM
-# (~200 registers); the CuTe version of this design measured 1.71 ms of kernel time on the H200.
+# (205 / 233 registers). H200 (2026-11-30) of the previous version: 1.695 ms device (1.834 end to end),
+# 0.87x torch.compile (1.601 ms), 0.99x eager (1.821 ms); CuTe the same 1.696 ms. Its SASS (CPU compile,
+# nvdisasm) showed every k-tile waiting for its global loads: in GEMM 1, with loads and shared stores
+# both under "if kt + 1 < nk", the compiler moved the loads down next to the stores (after the math,
+# ~10 instructions before their use); GEMM 2 formed h' ~20 instructions after its loads. Now the next
+# tile's loads are first read ~1000 (GEMM 1) / ~300 (GEMM 2, where ptxas schedules the load block into
+# the middle of the math) instructions later. Not yet measured; the same tile without such stalls ran at
+# ~60% of fp32 peak in problem 29 (TIRx), ~1.3 ms of GEMM here, so ~1.4-1.5 ms at best with the stats
+# kernel and epilogues (~1.1x torch.compile). TF32 / 3xTF32 are excluded by the tolerance.
 # Host path: three compiled modules cached per (pixels per image), their jit() result cached (call path
 # ~us), workspaces (h, partials, nx) cached per shape; per call only the output is allocated and three
 # kernels are launched on torch's current stream. No synchronization, no per-call compile.
 #
-# Verification: compile-checked on CPU (sm_90a) and emulated on CPU at the smoke size; not yet run on the
-# H200.
+# Verification: the previous version passed on the H200; this one is compile-checked on CPU (sm_90a) and
+# emulated on CPU (smoke size: max error 9.4e-7 vs allowance 2.7e-6; 3 images of 14 x 14, dim 64 / inner
+# 256 with row and column tails: 1.1e-6 vs 4.3e-6); not yet run on the H200.
 
 import math
 
@@ -87,6 +98,7 @@ def make_gemm(mode, hw):
         av = T.alloc_local((8,), "float32")
         bv = T.alloc_local((8,), "float32")
         gx = T.alloc_local((12,), "float32")
+        nxv = T.alloc_local((8,), "float32")
         y = T.alloc_local((8,), "float32")
         ps = T.alloc_local((8,), "float32")
 
@@ -124,22 +136,20 @@ def make_gemm(mode, hw):
         T.cuda.cta_sync()
 
         for kt in range(nk):
-            kn: T.let[T.int32] = (kt + 1) * BK
+            # next tile: raw global loads in their own block before the math; the transform and the shared
+            # store after the math are unconditional (on the last tile they write stale values into the
+            # buffer nobody reads again). With loads and stores both under "if kt + 1 < nk" the compiler
+            # moved the loads down to the stores, after the math, and every tile waited for DRAM/L2.
+            kq: T.let[T.int32] = T.min(((kt + 1) * BK + lk) // 4, k4 - 1)
             if kt + 1 < nk:
                 for u in T.unroll(2):
                     for i in T.vectorized(4):
-                        ra[u * 4 + i] = A[T.min(m0 + lrow0 + u * 64, m - 1), (kn + lk) // 4, i]
+                        ra[u * 4 + i] = A[T.min(m0 + lrow0 + u * 64, m - 1), kq, i]
                     for i in T.vectorized(4):
-                        rb[u * 4 + i] = B[T.min(n0 + lrow0 + u * 64, n - 1), (kn + lk) // 4, i]
+                        rb[u * 4 + i] = B[T.min(n0 + lrow0 + u * 64, n - 1), kq, i]
                     if mode == "grn":
                         for i in T.vectorized(4):
-                            gx[i] = AUX0[T.min(m0 + lrow0 + u * 64, m - 1) // hw, (kn + lk) // 4, i]
-                        for i in T.vectorized(4):
-                            gx[4 + i] = AUX1[(kn + lk) // 4, i]
-                        for i in T.vectorized(4):
-                            gx[8 + i] = AUX2[(kn + lk) // 4, i]
-                        for i in T.unroll(4):
-                            ra[u * 4 + i] = gx[4 + i] * (ra[u * 4 + i] * gx[i]) + gx[8 + i] + ra[u * 4 + i]
+                            nxv[u * 4 + i] = AUX0[T.min(m0 + lrow0 + u * 64, m - 1) // hw, kq, i]
             cur: T.let[T.int32] = kt % 2
             for k in T.unroll(BK):
                 for h in T.unroll(2):
@@ -150,11 +160,19 @@ def make_gemm(mode, hw):
                 for a in T.unroll(8):
                     for b in T.unroll(8):
                         acc[a * 8 + b] = acc[a * 8 + b] + av[a] * bv[b]
-            if kt + 1 < nk:
+            # the GRN transform of A only now, after the math, then the store into the other buffer
+            if mode == "grn":
+                for i in T.vectorized(4):
+                    gx[4 + i] = AUX1[kq, i]
+                for i in T.vectorized(4):
+                    gx[8 + i] = AUX2[kq, i]
                 for u in T.unroll(2):
                     for i in T.unroll(4):
-                        As[1 - cur, lk + i, lrow0 + u * 64] = ra[u * 4 + i]
-                        Bs[1 - cur, lk + i, lrow0 + u * 64] = rb[u * 4 + i]
+                        ra[u * 4 + i] = gx[4 + i] * (ra[u * 4 + i] * nxv[u * 4 + i]) + gx[8 + i] + ra[u * 4 + i]
+            for u in T.unroll(2):
+                for i in T.unroll(4):
+                    As[1 - cur, lk + i, lrow0 + u * 64] = ra[u * 4 + i]
+                    Bs[1 - cur, lk + i, lrow0 + u * 64] = rb[u * 4 + i]
             T.cuda.cta_sync()
             if kt % FLUSH == FLUSH - 1:
                 for i in T.unroll(64):

@@ -32,7 +32,11 @@ Experts without rows get zero weight gradients (their K range is empty).
 What limits it: fp32 FMA throughput (1.24 TFLOP: 18.5 ms at the 67 TFLOP/s peak); expected ~28-35 ms.
 Host path: compiled once per (hidden, intermediate, experts) with tvm-ffi (symbolic row count);
 workspaces cached per (device, N); torch tensors passed directly on the caller's current stream.
-Verification: compile-checked on CPU (sm_90a); not yet run on the H200.
+Verification: compile-checked on CPU (sm_90a); on the H200 (2026-11-30 sweep) it stopped at the argument
+check (see the fix below), so no kernel of it has run on the GPU yet.
+Fix 2026-11-30 after the H200 sweep (runtime_error at the first correctness draw, before any kernel ran):
+the compiled signature requires unit-stride routing_probs, but make_inputs passes a stride-8 column view
+([N, 8] Dirichlet sample, column 0) at every size; solve() now passes compact copies (.contiguous()).
 Review 2026-11-29 (no GPU): fixed out-of-bounds global reads in the operand loads (column not clamped for
 masked-off lanes: smoke-size tiles of 128 over 32/64-wide operands read up to 384 B past the allocation).
 """
@@ -366,6 +370,10 @@ def solve(expert_inputs, tokens_per_expert, routing_probs, w_gate_up, w_down, gr
               torch.empty((1,), dtype=torch.int32, device=dev))
         _WORKSPACE[key] = ws
     h, dh, part, off, sched, meta = ws
-    _get_compiled(hidden, inter, experts)(expert_inputs, tokens_per_expert.to(torch.int64), routing_probs, w_gate_up,
-                                          w_down, grad_outputs, gx, gp, gw13, gw2, h, dh, part, off, sched, meta)
+    # the compiled function assumes compact row-major operands (unit innermost stride); make_inputs hands
+    # routing_probs over as a strided column of a [N, 8] Dirichlet sample (stride 8), so it is compacted
+    # here (a 32 KiB copy); .contiguous() is a no-op for the operands that already are compact
+    _get_compiled(hidden, inter, experts)(expert_inputs.contiguous(), tokens_per_expert.to(torch.int64).contiguous(),
+                                          routing_probs.contiguous(), w_gate_up.contiguous(), w_down.contiguous(),
+                                          grad_outputs.contiguous(), gx, gp, gw13, gw2, h, dh, part, off, sched, meta)
     return gx, gp, gw13, gw2
