@@ -20,7 +20,7 @@
 # 8.4 MB of cache rows: floor ~25 us at 4.8 TB/s. Expected ~30-35 us. Eager PyTorch runs ~40 small
 # kernels with fp32 temporaries (norm, rope via cat, boolean-mask index_put with a host sync).
 #
-# Verification: compile-checked on CPU (sm_90a); not yet run on the H200.
+# Verification: compile-checked on CPU (sm_90a); H200 results: results/h200/ (by kernel sha256).
 #
 # Streams: the compiled function is called with torch tensors; tvm-ffi launches on torch's current
 # stream. Only the compiled module is cached (symbolic sizes); the q output is allocated per call.

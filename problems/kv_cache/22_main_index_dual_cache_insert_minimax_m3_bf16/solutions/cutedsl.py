@@ -24,7 +24,7 @@ What limits it: DRAM bandwidth (61 MB read + 61 MB written; cos/sin rows are L2 
 use). Expected ~30 us vs the 25.6 us SOL floor.
 Host path: compiled once per process with tvm-ffi (symbolic token count and cache sizes), called
 with the torch tensors directly on the caller's current torch stream (tvm-ffi env stream).
-Verification: compile-checked on CPU (sm_90a); not yet run on the H200.
+Verification: compile-checked on CPU (sm_90a); H200 results: results/h200/ (by kernel sha256).
 """
 
 import cuda.bindings.driver as cuda

@@ -23,7 +23,7 @@ specialization / persistent scheduling, so each tile's epilogue is exposed. Expe
 Host path: compiled once per (hidden, intermediate) with tvm-ffi (symbolic token count); the
 intermediates are cached per (device, T); torch tensors (and transposed views) passed directly on
 the caller's current stream.
-Verification: compile-checked on CPU (sm_90a); not yet run on the H200.
+Verification: compile-checked on CPU (sm_90a); H200 results: results/h200/ (by kernel sha256).
 Review 2026-11-29 (no GPU): fixed G1 epilogue coordinates (tCcC from the warpgroup slice gave all threads thread 0's (row, col); now get_slice(tidx)).
 """
 

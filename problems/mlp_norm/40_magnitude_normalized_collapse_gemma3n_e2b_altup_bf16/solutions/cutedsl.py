@@ -22,7 +22,7 @@ bf16 P round trip adds ~200 MB of traffic (~45 us) because the rescale needs who
 P_i before any output element is final. Expected ~330-380 us (SOL 208 us).
 Host path: compiled once per hidden size with tvm-ffi (symbolic token count); workspaces cached
 per (device, T, H); torch tensors passed directly on the caller's current stream.
-Verification: compile-checked on CPU (sm_90a); not yet run on the H200.
+Verification: compile-checked on CPU (sm_90a); H200 results: results/h200/ (by kernel sha256).
 Review 2026-11-29 (no GPU): fixed epilogue-1 row coordinates (tCcC from the warpgroup slice gave all threads thread 0's rows, so most ss rows were never written; now get_slice(tidx)).
 """
 

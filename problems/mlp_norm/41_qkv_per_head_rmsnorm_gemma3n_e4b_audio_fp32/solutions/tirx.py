@@ -21,7 +21,7 @@
 # Limits: DRAM streaming, read 221 MB + write 221 MB once (floor ~92 us at 4.8 TB/s); expected within
 # ~10-15% of it. Eager PyTorch runs ~8 elementwise/reduction kernels with fp32 temporaries.
 #
-# Verification: compile-checked on CPU (sm_90a); not yet run on the H200.
+# Verification: compile-checked on CPU (sm_90a); H200 results: results/h200/ (by kernel sha256).
 #
 # Streams: the compiled function is called with torch tensors; tvm-ffi launches on torch's current
 # stream. Only the compiled module is cached (symbolic vector count; n_out = n_vec / 3); outputs are allocated per call.

@@ -33,7 +33,7 @@ promoting, so MMA and promotion do not overlap); weights are 1.41 GB (300 us of 
 ~1.2-1.6 ms. Next steps: double-buffered temporaries to overlap promotion, warp specialization.
 Host path: compiled once per shape with tvm-ffi (symbolic token count); fp8 tensors are passed as
 uint8 views and reinterpreted in the kernel; workspaces cached per (device, shapes).
-Verification: compile-checked on CPU (sm_90a); not yet run on the H200.
+Verification: compile-checked on CPU (sm_90a); H200 results: results/h200/ (by kernel sha256).
 Review 2026-11-29 (no GPU): fixed K4/K5 fragment coordinates (tCcC from the warpgroup slice gave all threads thread 0's row/col for scales and stores; now get_slice(tidx)).
 """
 

@@ -30,7 +30,7 @@ weight stream: expected about the TIRx kernels' 3.5 ms, far from the 0.78 ms ten
 eager PyTorch (31 ms, fp32 GEMMs per expert) and torch.compile (54 ms).
 Host path: compiled once per (hidden, inter, shared inter) with tvm-ffi (symbolic token count); workspaces
 allocated per call with torch.empty.
-Verification: compile-checked on CPU (sm_90a); not yet run on the H200.
+Verification: compile-checked on CPU (sm_90a); H200 results: results/h200/ (by kernel sha256).
 """
 
 import cuda.bindings.driver as cuda

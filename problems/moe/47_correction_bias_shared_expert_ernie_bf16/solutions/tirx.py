@@ -25,7 +25,7 @@
 # here) plus the 1.5 GB expert-weight stream: expected ~1.8-2.5 ms, far from the ~0.8 ms tensor-core
 # SOL but >5x faster than the eager reference (fp32 SGEMMs per expert without TF32, ~15 ms).
 #
-# Verification: compile-checked on CPU (sm_90a); not yet run on the H200.
+# Verification: compile-checked on CPU (sm_90a); H200 results: results/h200/ (by kernel sha256).
 #
 # Streams: the compiled functions are called with torch tensors; tvm-ffi launches them in order on torch's
 # current stream. Cached: compiled modules per shape; workspaces are allocated per call (torch.empty).

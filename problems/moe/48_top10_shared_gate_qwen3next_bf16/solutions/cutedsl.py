@@ -30,7 +30,7 @@ activation traffic (gathered x, padded tiles of act and y). Expected ~0.9-1.0 ms
 gather x inside the up-projection producer (cp.async) instead of K3, predicated y stores.
 Host path: compiled once per (hidden, intermediate) with tvm-ffi (symbolic token count);
 workspaces cached per (device, T); torch tensors passed directly on the caller's stream.
-Verification: compile-checked on CPU (sm_90a); not yet run on the H200.
+Verification: compile-checked on CPU (sm_90a); H200 results: results/h200/ (by kernel sha256).
 Review 2026-11-29 (no GPU): fixed the router-logit store coordinates (identity tensor was partitioned with the
 warpgroup MMA slice, i.e. thread 0's (row, col) for every thread; now the per-thread slice, as in problem 20's fix).
 """

@@ -20,7 +20,7 @@ pipeline with a producer warp, two consumer warpgroups ping-ponging so promotion
 Host path: compiled once per (K, N) (tvm-ffi; T symbolic), torch tensors passed directly, launches on the
 caller's current torch stream; quantized-activation workspaces cached per (device, T, K).
 
-Verification: compile-checked on CPU (sm_90a); not yet run on the H200.
+Verification: compile-checked on CPU (sm_90a); H200 results: results/h200/ (by kernel sha256).
 """
 
 import cuda.bindings.driver as cuda
