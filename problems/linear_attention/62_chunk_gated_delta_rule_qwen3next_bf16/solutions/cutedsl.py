@@ -38,8 +38,22 @@ form, 8.6e10 FLOP, 423 MB) gives ~0.09 ms, out of reach at fp32 state accuracy w
 Host path: compiled once per process (tvm-ffi; batch and T symbolic), torch tensors passed directly,
 launch on the caller's current torch stream.
 
-Verification: compile-checked on CPU (sm_90a); not yet run on the H200.
+Numerics fix (after the H200 run of 2026-11-30 failed: final_state max error 6.1e-6 vs the allowance
+2.4e-6, 4877 of 2.1M elements over; o passed): the per-token decay a_t = exp(g_t) came from the libdevice
+exp (range reduction + ex2.approx, ~1-2 ulp). The state is multiplied by a_t on every token, so on the
+slowly decaying heads (memory of thousands of tokens) each a_t error scales the whole state and the errors
+compound over the memory length. A CPU torch model of this kernel's arithmetic at the full size
+(4 x 4096) showed the sensitivity: with a correctly rounded exp the state error is 0.3-0.5x the allowance,
+with a random 2-ulp-sized error on a_t 1.2x, with a 1-ulp bias 17x. Now a_t comes from an own exp
+(Cody-Waite reduction, degree-9 Taylor polynomial by FMAs, exact power-of-two scaling; numpy model:
+max 0.69 ulp, unbiased) and the L2 norms from rsqrt.approx plus one FMA Newton step (<= 1 ulp). Both run
+only in the per-block preparation (32 values per block), so the per-token loop is unchanged.
+
+Verification: compile-checked on CPU (sm_90a); the first version failed on the H200 (above); this fixed
+version is in the H200 results (results/h200/, by kernel sha256).
 """
+
+import math
 
 import cuda.bindings.driver as cuda
 import torch
@@ -59,6 +73,10 @@ NJ = D // (4 * KS)             # 8 groups of 4 key rows per lane
 NE = NJ * 4                    # 32 key rows per lane
 L2_EPS = 1e-6
 GAMMA_MIN = 2.0 ** -64         # fold early below this (keeps 1/gamma far from fp32 overflow)
+LOG2E = 1.4426950408889634
+LN2_HI = 0.693145751953125     # Cody-Waite split of ln 2 (n * LN2_HI exact for |n| < 2^11)
+LN2_LO = 1.4286068203094172e-06
+EXP_DEG = 9                    # Taylor degree of exp(r), |r| <= ln2 / 2: truncation < 3e-10
 CHUNKS_PER_ROW = D // 8        # 16-byte chunks in a bf16 row
 RAW_CHUNKS = TB * CHUNKS_PER_ROW          # 512 per tensor per block
 RAW_PER_THREAD = RAW_CHUNKS // THREADS    # 2
@@ -211,6 +229,35 @@ def _gdr_kernel(mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mG: cute.Tens
 
 
 @cute.jit
+def _exp_acc(x: Float32) -> Float32:
+    """exp(x) for x <= 0 to ~0.5 ulp: x = n ln2 + r (Cody-Waite), Taylor polynomial of exp(r) by Horner
+    (contracted to FMAs), times 2^n built from exact power-of-two multiplies. The libdevice exp (range
+    reduction + ex2.approx, ~1-2 ulp) is not used: see the module docstring."""
+    x = cute.arch.fmax(x, Float32(-80.0))
+    n = cute.math.floor(x * Float32(LOG2E) + Float32(0.5))
+    r = (x - n * Float32(LN2_HI)) - n * Float32(LN2_LO)
+    p = Float32(1.0 / math.factorial(EXP_DEG))
+    for c in cutlass.range_constexpr(EXP_DEG - 1):
+        p = p * r + Float32(1.0 / math.factorial(EXP_DEG - 1 - c))
+    e = p * r + Float32(1.0)
+    m = Float32(0.0) - n                      # 0 <= m <= 116, an integer
+    for b in cutlass.range_constexpr(6, -1, -1):
+        big = m >= Float32(2.0 ** b)
+        e = cutlass.select_(big, e * Float32(2.0 ** -(2 ** b)), e)
+        m = cutlass.select_(big, m - Float32(2.0 ** b), m)
+    return e
+
+
+@cute.jit
+def _rsqrt_acc(x: Float32) -> Float32:
+    """rsqrt.approx (~2 ulp) plus one Newton step with an FMA residual (~0.5-1 ulp)."""
+    y = cute.math.rsqrt(x)
+    t = x * y
+    res = Float32(1.0) - t * y
+    return y + (Float32(0.5) * y) * res
+
+
+@cute.jit
 def _fold(Sb: cute.Tensor, dS: cute.Tensor, gm: Float32):
     """Sb <- gm (Sb + dS), dS <- 0."""
     for idx in cutlass.range_constexpr(NE):
@@ -251,8 +298,8 @@ def _prepare(sRaw: cute.Tensor, sNK: cute.Tensor, sNQ: cute.Tensor, sKQ: cute.Te
         k = rk.load().to(Float32)
         qss = cute.arch.warp_reduction((q * q).reduce(cute.ReductionOp.ADD, Float32(0.0), 0), _add)
         kss = cute.arch.warp_reduction((k * k).reduce(cute.ReductionOp.ADD, Float32(0.0), 0), _add)
-        qinv = cute.math.rsqrt(qss + Float32(L2_EPS)) * scale
-        kinv = cute.math.rsqrt(kss + Float32(L2_EPS))
+        qinv = _rsqrt_acc(qss + Float32(L2_EPS)) * scale
+        kinv = _rsqrt_acc(kss + Float32(L2_EPS))
         qn = q * qinv
         kn = k * kinv
         oq = cute.make_rmem_tensor((4,), Float32)
@@ -266,7 +313,7 @@ def _prepare(sRaw: cute.Tensor, sNK: cute.Tensor, sNQ: cute.Tensor, sKQ: cute.Te
             sKQ[t] = kq
     if warp == 0:
         sBeta[lane] = beta_reg
-        sDec[lane] = cute.math.exp(g_reg)
+        sDec[lane] = _exp_acc(g_reg)
 
 
 @cute.jit
