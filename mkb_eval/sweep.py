@@ -161,14 +161,29 @@ def _run_local(todo: list[Job], tier: str, verify_kwargs: dict[str, Any], parall
     workers = WarmPool.for_lanes(tier, n_lanes, parallel, verify_kwargs.get("limits") or Limits(),
                                  limit=len(todo)) if warm else None
 
+    crowded: list[Job] = []
+
     def one(k: int, job: Job) -> None:
         g = k % n_lanes
         rec = verify(job.problem, job.dsl, job.kernel, tier=tier, gpu=g, lane=lanes[g], pool=workers, **verify_kwargs)
+        if parallel > 1 and out_of_memory(rec.to_dict()):
+            crowded.append(job)        # GPU memory is shared by the evaluations in flight: not yet the kernel's fault
+            return
         sink.record(rec.to_dict())
 
     with workers or contextlib.nullcontext(), ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
         for f in [pool.submit(one, k, j) for k, j in enumerate(todo)]:
             f.result()
+    for job in crowded:                # alone on GPU 0 now: what runs out of memory here is the kernel's doing
+        rec = verify(job.problem, job.dsl, job.kernel, tier=tier, gpu=0, **verify_kwargs)
+        rec.flags.append("retried_alone_after_oom")
+        sink.record(rec.to_dict())
+
+
+def out_of_memory(rec: dict) -> bool:
+    """A GPU evaluation that failed for want of GPU memory."""
+    return rec.get("tier") == "gpu" and rec.get("status") == "runtime_error" and \
+        "OutOfMemoryError" in (rec.get("message") or "")
 
 
 def _f(x: Any, spec: str = ".4f") -> str:

@@ -24,7 +24,7 @@ case "$stage" in
   report)
     timeout "$budget" python3 scripts/problem_report.py --out "$MKB_STATE/problem_report" --jobs "${JOBS:-12}" "$@" \
       > "$OUT/report.log" 2>&1
-    tail -5 "$OUT/report.log"; cp "$MKB_STATE"/problem_report.* "$MKB_CACHE_DIR/compile_baselines.jsonl" "$OUT/" 2>/dev/null ;;
+    tail -5 "$OUT/report.log"; cp "$MKB_STATE"/problem_report.* "$MKB_CACHE_DIR"/{compile,eager}_baselines.jsonl "$OUT/" 2>/dev/null ;;
   sweep)
     # preflight: one evaluation per DSL with the default worker user; if the unprivileged user cannot
     # evaluate here, the sweep keeps root workers (its records say so in sandbox.uid) rather than fail

@@ -53,3 +53,45 @@ def test_eager_baseline_reuse_has_its_own_file_and_failures_raise(tmp_path):
         compile_baseline_cached(P.find(36), "full", env, tmp_path, lambda: (_ for _ in ()).throw(RuntimeError("x")),
                                 kind="eager")
     assert len((tmp_path / "eager_baselines.jsonl").read_text().splitlines()) == 1
+
+
+def test_out_of_memory_beside_other_evaluations_is_retried_alone(monkeypatch):
+    """Evaluations in flight share the GPU's memory: a kernel that ran out of it there is evaluated
+    again alone before a verdict is stored, and the record says so; other failures are stored as they are."""
+    from mkb_eval import problems as P
+    from mkb_eval import sweep as S
+    from mkb_eval.harness import verify as V
+
+    class Rec:
+        def __init__(self, job, status, message=""):
+            self.flags, self.d = [], {"tier": "gpu", "problem_id": job.problem.id, "dsl": job.dsl,
+                                      "status": status, "message": message}
+
+        def to_dict(self):
+            return {**self.d, "flags": self.flags}
+
+    calls = []
+
+    def fake_verify(problem, dsl, kernel, *, gpu, lane=None, pool=None, **kw):
+        calls.append((problem.id, dsl, lane is None))
+        if problem.id == 28 and lane is not None:          # crowded: out of memory
+            return Rec(S.Job(problem, dsl, kernel), "runtime_error", "torch.OutOfMemoryError: CUDA out of memory")
+        if problem.id == 36:
+            return Rec(S.Job(problem, dsl, kernel), "runtime_error", "RuntimeError: boom")
+        return Rec(S.Job(problem, dsl, kernel), "ok")
+
+    monkeypatch.setattr(V, "verify", fake_verify)
+
+    class Sink:
+        recs = []
+
+        def record(self, r):
+            self.recs.append(r)
+
+    jobs = S.shipped_jobs([P.find(28), P.find(36), P.find(1)], ["tirx"])
+    sink = Sink()
+    S._run_local(jobs, "gpu", {}, parallel=3, n_lanes=2, sink=sink)
+    by = {r["problem_id"]: r for r in sink.recs}
+    assert len(sink.recs) == 3 and by[28]["status"] == "ok" and by[28]["flags"] == ["retried_alone_after_oom"]
+    assert by[36]["status"] == "runtime_error" and by[36]["flags"] == []
+    assert calls.count((28, "tirx", True)) == 1                     # the retry ran without a shared lane
