@@ -78,13 +78,27 @@ def print_record(rec: Any) -> None:
             f"cutlass-dsl {env.get('cutlass_dsl')} · tvm {env.get('tvm')}", markup=False)
 
 
+def problem_ids(spec: str) -> set[int]:
+    """'1-43,50' → {1, ..., 43, 50}; an argparse type, so a bad list is a usage error that names it."""
+    ids: set[int] = set()
+    try:
+        for part in filter(None, (x.strip() for x in spec.split(","))):
+            lo, dash, hi = part.partition("-")
+            a, b = int(lo), int(hi if dash else lo)
+            if a > b:
+                raise ValueError(part)
+            ids.update(range(a, b + 1))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"problem ids must look like '1-43,50', not {spec!r}") from None
+    return ids
+
+
 def _sweep(args: argparse.Namespace, limits: Any) -> int:
     from mkb_eval import sweep
 
     probs = P.load_all(args.root)
     if args.problems:
-        want = {int(x) for x in args.problems.split(",")}
-        probs = [p for p in probs if p.id in want]
+        probs = [p for p in probs if p.id in args.problems]
     dsls = [args.dsl] if args.dsl else list(P.DSLS)
     jobs = sweep.folder_jobs(Path(args.kernels), probs) if args.kernels else sweep.shipped_jobs(probs, dsls)
     jobs = [j for j in jobs if j.dsl in dsls]
@@ -117,7 +131,8 @@ def _results(args: argparse.Namespace) -> int:
     from mkb_eval import sweep
     from mkb_eval.records import read_jsonl
 
-    recs = [r for r in sweep.latest(read_jsonl(args.records)) if args.tier in ("all", r["tier"])]
+    recs = [r for r in sweep.latest(read_jsonl(args.records)) if args.tier in ("all", r["tier"])
+            and (not args.problems or r["problem_id"] in args.problems)]
     if args.compile_cache:
         n = sweep.fill_compile_baselines(recs, Path(args.compile_cache))
         print(f"torch.compile times taken from {args.compile_cache} for {n} record(s)", file=sys.stderr)
@@ -205,7 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--problem", help="id or name, e.g. 28")
     v.add_argument("--dsl", choices=P.DSLS)
     v.add_argument("--all", action="store_true", help="sweep every shipped solution (resumable; see --out)")
-    v.add_argument("--problems", help="with --all: comma-separated ids")
+    v.add_argument("--problems", type=problem_ids, help="with --all: problem ids, e.g. 1-43,50")
     v.add_argument("--kernels", help="sweep a folder of kernels named <NN>_<dsl>.py or <NN>/<dsl>.py")
     v.add_argument("--parallel", type=int, default=1,
                    help="sweeps: evaluations at once (timed phases still one per GPU at a time)")
@@ -252,6 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("results", help="tabulate verification records (latest per problem and DSL)")
     r.add_argument("records", help="a JSONL file of verification records")
     r.add_argument("--tier", default="gpu", choices=("gpu", "cpu", "all"))
+    r.add_argument("--problems", type=problem_ids, help="only these problem ids, e.g. 1-43")
     r.add_argument("--md", help="also write the table to this markdown file")
     r.add_argument("--json", action="store_true", help="print the summary as JSON too")
     r.add_argument("--compile-cache", help="fill missing torch.compile times from this compile_baselines.jsonl "

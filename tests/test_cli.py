@@ -56,3 +56,32 @@ def test_parallel_sweep_gives_the_same_records(tmp_path):
                       for r in map(json.loads, path.read_text().splitlines()))
 
     assert key(seq) == key(par) and len(key(par)) == 2
+
+
+def test_problem_id_lists_take_ranges_and_name_a_bad_one(capsys):
+    import argparse
+
+    import pytest
+
+    from mkb_eval.cli import problem_ids
+
+    assert problem_ids("1-3,28") == {1, 2, 3, 28} and problem_ids("36") == {36}
+    for bad in ("5-2", "a,b", "1-"):
+        with pytest.raises(argparse.ArgumentTypeError, match="1-43,50"):
+            problem_ids(bad)
+    with pytest.raises(SystemExit):
+        main(["results", "x.jsonl", "--problems", "9-1"])
+    assert "problem ids must look like" in capsys.readouterr().err
+
+
+def test_results_restricted_to_problem_ids(tmp_path, capsys):
+    import json
+
+    recs = tmp_path / "r.jsonl"
+    base = {"kind": "verification", "tier": "gpu", "dsl": "tirx", "status": "ok", "problem_hash": "h", "flags": [],
+            "timing": {"kernel_ms": 1.0, "kernel_device_ms": None, "eager_ms": 2.0, "compile_ms": None, "speedup": 2.0,
+                       "speedup_vs_compile": None, "sol_fraction": None}, "env": {}}
+    recs.write_text("".join(json.dumps({**base, "problem_id": i, "problem": f"{i:02d}_p"}) + "\n" for i in (28, 36)))
+    assert main(["results", str(recs), "--problems", "30-40"]) == 0
+    out = capsys.readouterr().out
+    assert "36_p" in out and "28_p" not in out
