@@ -169,13 +169,14 @@ class Sandbox:
 _PROBED: dict[str, tuple[tuple[int, int] | None, str, Path]] = {}
 # what a worker needs as its user: the package, the problems, torch, the DSL toolchains the parent
 # has, and a working CUDA context
-_PROBE = ("import importlib, os, sys, mkb_eval.harness.worker, torch\n"
+_PROBE = ("import importlib, os, mkb_eval.harness.worker, torch\n"
           "for m in filter(None, os.environ['MKB_PROBE_MODULES'].split(',')):\n"
           "    importlib.import_module(m)\n"
           "open(os.environ['MKB_PROBE_FILE'], 'rb').close()\n"
           "if os.environ.get('MKB_PROBE_CUDA') == '1':\n"
           "    assert torch.ones(8, device='cuda').sum().item() == 8\n")
 _CODE = ("mkb_eval", "problems")         # what a worker reads: its own code and the problem folders
+_NOT_STAGED = {"__pycache__", "solutions"}
 
 
 def repo_root() -> Path:
@@ -254,7 +255,7 @@ def stage_code() -> Path:
 
     root = repo_root()
     files = sorted(f for d in _CODE for f in (root / d).rglob("*")
-                   if f.is_file() and "__pycache__" not in f.parts and f.suffix != ".pyc")
+                   if f.is_file() and not _NOT_STAGED & set(f.relative_to(root).parts) and f.suffix != ".pyc")
     h = hashlib.sha256()
     for f in files:
         h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes() + b"\0")

@@ -58,6 +58,7 @@ def test_an_unreadable_checkout_is_staged_as_a_readonly_copy(monkeypatch, tmp_pa
     assert V._worker_path(ref.parent, "nobody") == copy.parent
     assert V._worker_path(tmp_path, "nobody") == tmp_path          # outside the checkout: unchanged
     assert "<repo>/problems" in V.redact_paths(f"error in {copy}")
+    assert not list(code.glob("problems/*/*/solutions"))                # the workers need no solutions
 
 
 def test_a_user_that_cannot_even_start_the_interpreter_is_not_staged_for(monkeypatch):
