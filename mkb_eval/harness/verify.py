@@ -65,8 +65,7 @@ def _seed() -> int:
 def _scrubbed_env(extra: dict[str, str], code: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if not any(s in k.upper() for s in _SECRET_ENV) and not k.upper().startswith(("HF_TOKEN", "OPENAI", "MKB_API"))}
-    root = str(code)
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["PYTHONPATH"] = str(code) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.update(extra)
     return env
 
@@ -232,7 +231,7 @@ def verify(problem: P.Problem | str | int, dsl: str, kernel: str | Path, *, tier
     once (a private one otherwise). ``compile_baseline="cached"`` takes the torch.compile time
     from the cache only, so a sweep never compiles a reference inside a timing lane; ``reuse_eager``
     measures the eager time once per problem (size, GPU model, torch) in the cache and reuses it
-    (flag ``eager_baseline_from_cache``), halving a two-DSL sweep's timing-lane work. ``pool`` (a
+    (flag ``eager_baseline_from_cache``): the other DSL's evaluation skips it inside its timing lane. ``pool`` (a
     :class:`~mkb_eval.harness.pool.WarmPool`) supplies a worker started ahead of need.
     """
     if dsl not in P.DSLS:
