@@ -4,6 +4,8 @@
 # torch.compile cache, the resumable sweep file) lives under $MKB_STATE, which survives between
 # calls while the host stays warm.
 #   bash scripts/gpu_session.sh foundation|report|sweep|bench|safety [extra args]
+# Run `report` before `sweep` on the same host: the sweep then takes both baselines (torch.compile and
+# eager, timed by the report with nothing compiling beside them) from the cache instead of its lanes.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 : "${OUT:?set OUT to the folder whose files come back}"
