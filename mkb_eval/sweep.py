@@ -202,13 +202,13 @@ def latest(records: Iterable[dict]) -> list[dict]:
 def fill_compile_baselines(records: list[dict], cache: Path) -> int:
     """Fill a missing torch.compile time from the verifier's cache (measured for the same problem hash,
     size, GPU and torch, e.g. by scripts/problem_report.py after the sweep); flags what was filled."""
-    from mkb_eval.harness.judge import compile_baseline_key, read_compile_cache
+    from mkb_eval.harness.judge import baseline_key, read_baseline_cache
 
-    known = read_compile_cache(cache)
+    known = read_baseline_cache(cache)
     n = 0
     for r in records:
         t, env = r.get("timing") or {}, r.get("env") or {}
-        ms = known.get(compile_baseline_key(r["problem_hash"], r.get("size"), env), {}).get("ms")
+        ms = known.get(baseline_key(r["problem_hash"], r.get("size"), env), {}).get("ms")
         if r["status"] == "ok" and t.get("compile_ms") is None and ms and t.get("kernel_ms"):
             t["compile_ms"], t["speedup_vs_compile"] = ms, ms / t["kernel_ms"]
             r["flags"] = [*r.get("flags", []), "compile_baseline_from_cache"]

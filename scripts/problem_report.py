@@ -119,7 +119,7 @@ def measure_compile(prob, judge, lock: str, size: str) -> dict:
     import torch._dynamo as dynamo
 
     from mkb_eval.env import describe
-    from mkb_eval.harness.judge import compile_baseline_cached
+    from mkb_eval.harness.judge import baseline_cached
     from mkb_eval.harness.timing import Clock, time_draws
     from mkb_eval.harness.tolerance import reference_numerics
     from mkb_eval.harness.verify import TIMING_DRAWS, WARMUP_DRAWS, default_cache_dir
@@ -127,31 +127,24 @@ def measure_compile(prob, judge, lock: str, size: str) -> dict:
     row: dict = {}
     seeds = list(range(100, 100 + WARMUP_DRAWS + TIMING_DRAWS))
 
-    def measure() -> float:
-        t0 = time.perf_counter()
+    def timed(fn) -> float:
+        with gpu_lock(lock), reference_numerics(), torch.no_grad():
+            return time_draws(fn, judge.inputs, seeds[:WARMUP_DRAWS], seeds[WARMUP_DRAWS:], Clock(),
+                              torch.device("cuda")).median_ms
+
+    def measure() -> float:          # the inductor cache on disk holds the graph since phase 1 (warm)
         dynamo.reset()
         compiled = torch.compile(judge.module.reference)
         with reference_numerics(), torch.no_grad():
             compiled(*judge.inputs(seeds[0]))
-        torch.cuda.synchronize()
-        row["compile_s"] = time.perf_counter() - t0
-        with gpu_lock(lock), reference_numerics(), torch.no_grad():
-            res = time_draws(compiled, judge.inputs, seeds[:WARMUP_DRAWS], seeds[WARMUP_DRAWS:], Clock(),
-                             torch.device("cuda"))
-        return res.median_ms
-
-    def measure_eager() -> float:
-        with gpu_lock(lock), reference_numerics(), torch.no_grad():
-            res = time_draws(judge.module.reference, judge.inputs, seeds[:WARMUP_DRAWS], seeds[WARMUP_DRAWS:], Clock(),
-                             torch.device("cuda"))
-        return res.median_ms
+        return timed(compiled)
 
     env = describe()
     # the eager time by the verifier's procedure, in a process of its own, for sweeps that reuse it
     # (a judge thread timing eager beside other judges measured host-bound references 0.2-3.3x apart)
-    row["eager_verifier_ms"] = compile_baseline_cached(prob, size, env, default_cache_dir(), measure_eager,
-                                                       kind="eager")[0]
-    ms, cached, err = compile_baseline_cached(prob, size, env, default_cache_dir(), measure)
+    row["eager_verifier_ms"] = baseline_cached(prob, size, env, default_cache_dir(),
+                                               lambda: timed(judge.module.reference), kind="eager")[0]
+    ms, cached, err = baseline_cached(prob, size, env, default_cache_dir(), measure)
     row.update(compile_ms=ms, compile_cached=cached)
     if err:
         row["error"] = f"torch.compile: {err}"
@@ -159,10 +152,12 @@ def measure_compile(prob, judge, lock: str, size: str) -> dict:
 
 
 def main() -> int:
+    from mkb_eval.cli import problem_ids
+
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="docs/problem_report")
     ap.add_argument("--jobs", type=int, default=6)
-    ap.add_argument("--problems", default="")
+    ap.add_argument("--problems", type=problem_ids, help="problem ids, e.g. 1-43,50")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--size", default="full")
     ap.add_argument("--merge", nargs="+", metavar="ROWS_JSONL",
@@ -181,8 +176,7 @@ def main() -> int:
 
     folders = P.discover()
     if args.problems:
-        want = {int(x) for x in args.problems.split(",")}
-        folders = [f for f in folders if int(f.name[:2]) in want]
+        folders = [f for f in folders if int(f.name[:2]) in args.problems]
     lock = os.path.join(os.environ.get("TMPDIR", "/tmp"), "mkb_gpu_timing.lock")
     ctx = mp.get_context("spawn")
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -2,7 +2,7 @@
 
 import json
 
-from mkb_eval.harness.judge import compile_baseline_key
+from mkb_eval.harness.judge import baseline_key
 from mkb_eval.sweep import fill_compile_baselines
 
 
@@ -15,7 +15,7 @@ def _rec(h: str, status: str = "ok") -> dict:
 def test_compile_times_fill_only_matching_passing_records(tmp_path):
     env = {"gpu": "NVIDIA H200", "torch": "2.11.0+cu130"}
     cache = tmp_path / "compile_baselines.jsonl"
-    cache.write_text(json.dumps({"key": compile_baseline_key("aa", "full", env), "ms": 2.0, "error": None}) + "\n"
+    cache.write_text(json.dumps({"key": baseline_key("aa", "full", env), "ms": 2.0, "error": None}) + "\n"
                      + "not json\n")
     hit, other, failed = _rec("aa"), _rec("bb"), _rec("aa", "incorrect")
     assert fill_compile_baselines([hit, other, failed], cache) == 1
@@ -26,14 +26,14 @@ def test_compile_times_fill_only_matching_passing_records(tmp_path):
 
 def test_compile_baseline_is_measured_once_and_looked_up_after(tmp_path):
     from mkb_eval import problems as P
-    from mkb_eval.harness.judge import compile_baseline_cached
+    from mkb_eval.harness.judge import baseline_cached
 
     p28, env, calls = P.find(28), {"gpu": "NVIDIA H200", "torch": "2.11.0+cu130"}, []
-    assert compile_baseline_cached(p28, "full", env, tmp_path, None) == (None, False, None)   # lookup only
-    assert compile_baseline_cached(p28, "full", env, tmp_path, lambda: calls.append(1) or 2.5) == (2.5, False, None)
+    assert baseline_cached(p28, "full", env, tmp_path, None) == (None, False, None)   # lookup only
+    assert baseline_cached(p28, "full", env, tmp_path, lambda: calls.append(1) or 2.5) == (2.5, False, None)
     with open(tmp_path / "compile_baselines.jsonl", "a") as f:
         f.write("torn{\n")
-    assert compile_baseline_cached(p28, "full", env, tmp_path, lambda: calls.append(1) or 9.0) == (2.5, True, None)
+    assert baseline_cached(p28, "full", env, tmp_path, lambda: calls.append(1) or 9.0) == (2.5, True, None)
     assert calls == [1]
 
 
@@ -43,14 +43,14 @@ def test_eager_baseline_reuse_has_its_own_file_and_failures_raise(tmp_path):
     import pytest
 
     from mkb_eval import problems as P
-    from mkb_eval.harness.judge import compile_baseline_cached
+    from mkb_eval.harness.judge import baseline_cached
 
     p28, env = P.find(28), {"gpu": "NVIDIA H200", "torch": "2.11.0+cu130"}
-    assert compile_baseline_cached(p28, "full", env, tmp_path, lambda: 3.0, kind="eager") == (3.0, False, None)
-    assert compile_baseline_cached(p28, "full", env, tmp_path, lambda: 7.0, kind="eager") == (3.0, True, None)
-    assert compile_baseline_cached(p28, "full", env, tmp_path, None) == (None, False, None)     # compile: own file
+    assert baseline_cached(p28, "full", env, tmp_path, lambda: 3.0, kind="eager") == (3.0, False, None)
+    assert baseline_cached(p28, "full", env, tmp_path, lambda: 7.0, kind="eager") == (3.0, True, None)
+    assert baseline_cached(p28, "full", env, tmp_path, None) == (None, False, None)     # compile: own file
     with pytest.raises(RuntimeError):
-        compile_baseline_cached(P.find(36), "full", env, tmp_path, lambda: (_ for _ in ()).throw(RuntimeError("x")),
+        baseline_cached(P.find(36), "full", env, tmp_path, lambda: (_ for _ in ()).throw(RuntimeError("x")),
                                 kind="eager")
     assert len((tmp_path / "eager_baselines.jsonl").read_text().splitlines()) == 1
 

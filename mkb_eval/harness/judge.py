@@ -99,11 +99,11 @@ class Judge:
         return res, setup
 
 
-def compile_baseline_key(problem_hash: str, size: str, env: dict[str, Any]) -> str:
+def baseline_key(problem_hash: str, size: str, env: dict[str, Any]) -> str:
     return f"{problem_hash}|{size}|{env.get('gpu')}|{env.get('torch')}"
 
 
-def read_compile_cache(path: Path) -> dict[str, dict[str, Any]]:
+def read_baseline_cache(path: Path) -> dict[str, dict[str, Any]]:
     """The cache's entries by key (the first one of a key wins; unreadable lines are skipped)."""
     entries: dict[str, dict[str, Any]] = {}
     if path.exists():
@@ -117,8 +117,8 @@ def read_compile_cache(path: Path) -> dict[str, dict[str, Any]]:
     return entries
 
 
-def compile_baseline_cached(problem: Problem, size: str, env: dict[str, Any], cache_dir: Path,
-                            measure: Any | None, kind: str = "compile") -> tuple[float | None, bool, str | None]:
+def baseline_cached(problem: Problem, size: str, env: dict[str, Any], cache_dir: Path,
+                    measure: Any | None, kind: str = "compile") -> tuple[float | None, bool, str | None]:
     """A reference's baseline time per (problem hash, size, GPU, torch): measured once, then reused.
 
     Compiling the reference takes tens of seconds; the kernel-independent number need not be
@@ -127,9 +127,9 @@ def compile_baseline_cached(problem: Problem, size: str, env: dict[str, Any], ca
     (``kind="eager"``, its own file): it is the largest share of a timing lane's work. ``measure=None``
     only looks up. Returns (ms, cached, error).
     """
-    key = compile_baseline_key(problem.hash, size, env)
+    key = baseline_key(problem.hash, size, env)
     path = cache_dir / f"{kind}_baselines.jsonl"
-    rec = read_compile_cache(path).get(key)
+    rec = read_baseline_cache(path).get(key)
     if rec is not None:
         return rec.get("ms"), True, rec.get("error")
     if measure is None:

@@ -550,7 +550,7 @@ def _baselines(rec: VerificationRecord, prob: P.Problem, judge: Any, job: dict[s
     """Kernel timing summary plus eager and torch.compile baselines (same GPU, same seeds)."""
     import statistics
 
-    from mkb_eval.harness.judge import compile_baseline_cached
+    from mkb_eval.harness.judge import baseline_cached
 
     times = fin["times_ms"]
     t = Timing(kernel_ms=float(statistics.median(times)), kernel_device_ms=fin.get("device_ms"),
@@ -563,7 +563,7 @@ def _baselines(rec: VerificationRecord, prob: P.Problem, judge: Any, job: dict[s
         return judge.time_reference(job["warmup_seeds"], job["timing_seeds"])[0].median_ms
 
     if reuse_eager:
-        t.eager_ms, cached, _ = compile_baseline_cached(prob, size, rec.env, cache_dir, eager, kind="eager")
+        t.eager_ms, cached, _ = baseline_cached(prob, size, rec.env, cache_dir, eager, kind="eager")
         if cached:
             rec.flags.append("eager_baseline_from_cache")
     else:
@@ -575,7 +575,7 @@ def _baselines(rec: VerificationRecord, prob: P.Problem, judge: Any, job: dict[s
         def measure() -> float:
             return judge.time_reference(job["warmup_seeds"], job["timing_seeds"], compiled=True)[0].median_ms
 
-        t.compile_ms, t.compile_cached, err = compile_baseline_cached(
+        t.compile_ms, t.compile_cached, err = baseline_cached(
             prob, size, rec.env, cache_dir, None if compile_baseline == "cached" else measure)
         if err:
             rec.flags.append("compile_baseline_failed")
