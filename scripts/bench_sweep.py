@@ -2,10 +2,14 @@
 evaluations per minute, per-stage breakdown, the ratio against cold evaluations one at a time,
 and timing stability (the same solutions swept 3 times, then once more under a compile load).
 
-    python scripts/bench_sweep.py --out docs/bench_sweep [--gpus 1,2] [--parallel 8]
-        [--cold 8] [--stable 10] [--problems 1,28] [--tier gpu|cpu]
+    python scripts/bench_sweep.py --out DIR --stage sweep --gpus 1 [--parallel 8] [--deadline-s 560]
+    python scripts/bench_sweep.py --out DIR --stage cold,stable,summary
 
-Every sweep runs as its own `mkb verify --all` process, so what is measured is what users run.
+Stages keep their state in DIR and resume, so a benchmark longer than one device call runs as
+several calls: a sweep cut by the deadline continues where it stopped (its wall time is the sum
+of its parts, evaluations in flight at the cut are run again), and `summary` writes DIR/README.md
+and DIR/report.json from everything measured so far. Every sweep is its own `mkb verify --all`
+process, so what is measured is what users run.
 """
 
 from __future__ import annotations
@@ -17,29 +21,52 @@ import statistics
 import subprocess
 import sys
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 STAGES = ("worker_start", "worker_phase1", "judge_correctness", "worker_timing", "eager_baseline",
           "compile_baseline", "judge_rechecks", "total")
+STABLE_PROBLEMS = "3,22,33,46,55,70"       # one problem of each family, kernels of 0.1-5 ms
 
 
-def sweep(out: Path, *, tier: str, parallel: int, warm: bool, gpus: int | None, problems: str = "",
-          extra_env: dict | None = None) -> tuple[float, list[dict]]:
-    """One `mkb verify --all` into a fresh file; (wall seconds, records)."""
-    out.unlink(missing_ok=True)
+def records(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue                                   # a line torn by a cut is not a record
+    return [r for r in out if r.get("kind") == "verification"]
+
+
+def sweep(out: Path, log: Path, *, stage: str, tier: str, parallel: int, warm: bool, gpus: int | None,
+          problems: str, deadline: float, extra_args: tuple[str, ...] = ()) -> dict:
+    """One `mkb verify --all` into ``out`` (resumed if it holds records), cut at ``deadline``;
+    the part (wall seconds, records added, whether it was cut) is appended to ``log``."""
     cmd = [sys.executable, "-m", "mkb_eval.cli", "verify", "--all", "--tier", tier, "--parallel", str(parallel),
-           "--out", str(out)] + (["--warm"] if warm else []) + (
+           "--out", str(out), *extra_args] + (["--warm"] if warm else []) + (
         ["--cached-compile-baseline", "--reuse-eager-baseline"] if tier == "gpu" else [])
     if problems:
         cmd += ["--problems", problems]
-    env = {**os.environ, **(extra_env or {})}
+    env = dict(os.environ)
     if gpus is not None:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(gpus))
+    before = len(records(out))
     t0 = time.perf_counter()
-    subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, check=False)
-    wall = time.perf_counter() - t0
-    recs = [json.loads(x) for x in out.read_text().splitlines() if x.strip()] if out.exists() else []
-    return wall, recs
+    try:
+        subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, check=False, timeout=max(1.0, deadline - time.time()))
+        cut = False
+    except subprocess.TimeoutExpired:
+        cut = True
+    part = {"stage": stage, "file": out.name, "gpus": gpus, "parallel": parallel, "warm": warm,
+            "wall_s": round(time.perf_counter() - t0, 1), "added": len(records(out)) - before, "cut": cut,
+            "at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    with open(log, "a") as f:
+        f.write(json.dumps(part) + "\n")
+    print(json.dumps(part), flush=True)
+    return part
 
 
 def stage_means(recs: list[dict]) -> dict[str, float]:
@@ -50,94 +77,138 @@ def key(r: dict) -> str:
     return f"{r['problem_id']:02d}/{r['dsl']}"
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="docs/bench_sweep")
-    ap.add_argument("--tier", default="gpu", choices=("gpu", "cpu"))
-    ap.add_argument("--gpus", default="1", help="GPU counts to sweep with, e.g. 1,2,4")
-    ap.add_argument("--parallel", type=int, default=8, help="evaluations in flight per sweep (per GPU count x)")
-    ap.add_argument("--problems", default="", help="restrict the full sweep to these problem ids")
-    ap.add_argument("--cold", type=int, default=8, help="evaluations run cold, one at a time, for the ratio")
-    ap.add_argument("--stable", type=int, default=10, help="solutions swept 3 times for timing stability (0: skip)")
-    args = ap.parse_args()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    gpu_counts = [int(x) for x in args.gpus.split(",")] if args.tier == "gpu" else [None]
-    rows, report = [], {"tier": args.tier, "parallel": args.parallel, "sweeps": []}
+def parts(d: Path) -> list[dict]:
+    p = d / "parts.jsonl"
+    return [json.loads(x) for x in p.read_text().splitlines() if x.strip()] if p.exists() else []
 
-    for n in gpu_counts:
-        wall, recs = sweep(out / f"sweep_{n or 0}gpu.jsonl", tier=args.tier, parallel=args.parallel * (n or 1),
-                           warm=True, gpus=n, problems=args.problems)
-        report["sweeps"].append({"gpus": n, "evaluations": len(recs), "wall_s": round(wall, 1),
-                                 "per_minute": round(60 * len(recs) / wall, 1) if wall else None,
-                                 "passed": sum(r["status"] in ("ok", "unverified") for r in recs),
-                                 "stage_means_s": stage_means(recs)})
-        print(json.dumps(report["sweeps"][-1]), flush=True)
-        rows = rows or recs
-    base = report["sweeps"][0]
+
+def summary(d: Path) -> dict:
+    """Everything measured in ``d`` so far, as report.json and README.md."""
+    ps = parts(d)
+    report: dict = {"sweeps": []}
+    for f in sorted({p["file"] for p in ps if p["stage"] == "sweep"}):
+        mine = [p for p in ps if p["file"] == f]
+        recs = records(d / f)
+        wall = sum(p["wall_s"] for p in mine)
+        report["sweeps"].append({
+            "gpus": mine[0]["gpus"], "parallel": mine[0]["parallel"], "evaluations": len(recs), "wall_s": round(wall, 1),
+            "calls": len(mine), "complete": not mine[-1]["cut"],
+            "per_minute": round(60 * len(recs) / wall, 1) if wall else None,
+            "passed": sum(r["status"] in ("ok", "unverified") for r in recs), "stage_means_s": stage_means(recs)})
+    base = min(report["sweeps"], key=lambda s: s["gpus"] or 0) if report["sweeps"] else None
     for s in report["sweeps"]:
-        s["scaling"] = round(base["wall_s"] / s["wall_s"] * (s["evaluations"] / max(1, base["evaluations"])), 2)
-
-    ids = sorted({r["problem_id"] for r in rows})
-    if args.cold and ids:
-        pick = ",".join(str(i) for i in ids[: max(1, args.cold // 2)])
-        wall, recs = sweep(out / "cold.jsonl", tier=args.tier, parallel=1, warm=False,
-                           gpus=1 if args.tier == "gpu" else None, problems=pick)
-        per_cold = wall / max(1, len(recs))
-        per_warm = base["wall_s"] / max(1, base["evaluations"])
+        s["scaling"] = round(s["per_minute"] / base["per_minute"], 2) if base and base["per_minute"] else None
+    cold = [p for p in ps if p["stage"] == "cold"]
+    if cold and base:
+        recs = records(d / "cold.jsonl")
+        wall = sum(p["wall_s"] for p in cold)
+        per_cold, per_warm = wall / max(1, len(recs)), 60 / base["per_minute"]
         report["cold"] = {"evaluations": len(recs), "wall_s": round(wall, 1), "s_per_evaluation": round(per_cold, 2),
                           "sweep_s_per_evaluation": round(per_warm, 2), "ratio": round(per_cold / per_warm, 2),
                           "stage_means_s": stage_means(recs)}
-        print(json.dumps(report["cold"]), flush=True)
-
-    if args.stable and args.tier == "gpu" and ids:
-        pick = ",".join(str(i) for i in ids[: max(1, args.stable // 2)])
-        medians: dict[str, list[float]] = {}
-        runs = []
-        for k in range(4):
-            load = None
-            if k == 3:       # the 4th repeat under a concurrent compile load (CPU-tier sweep of every solution)
-                load = subprocess.Popen([sys.executable, "-m", "mkb_eval.cli", "verify", "--all", "--tier", "cpu",
-                                         "--parallel", "8", "--out", str(out / "load.jsonl")],
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            _, recs = sweep(out / f"stable_{k}.jsonl", tier="gpu", parallel=args.parallel, warm=True, gpus=1,
-                            problems=pick)
-            if load is not None:
-                load.kill()
-            runs.append({key(r): (r["timing"]["kernel_ms"], r["timing"].get("kernel_device_ms"))
-                         for r in recs if r["status"] == "ok"})
-            for r in recs:
-                if r["status"] == "ok" and k < 3:
-                    medians.setdefault(key(r), []).append(r["timing"]["kernel_ms"])
+    runs = [{key(r): r["timing"] for r in records(d / f"stable_{k}.jsonl") if r["status"] == "ok"} for k in range(4)]
+    if any(runs[:3]):
         stab = {}
-        for kk, xs in medians.items():
-            if len(xs) == 3:
-                m = statistics.mean(xs)
-                stab[kk] = {"medians_ms": xs, "cv": round(statistics.pstdev(xs) / m, 4),
-                            "device_ms": [run.get(kk, (None, None))[1] for run in runs[:3]],
-                            "under_load_ms": runs[3].get(kk, (None, None))[0]}
+        for kk in sorted(set().union(*runs[:3])):
+            xs = [run[kk]["kernel_ms"] for run in runs[:3] if kk in run]
+            if len(xs) < 3:
+                continue
+            m = statistics.mean(xs)
+            load = runs[3].get(kk, {}).get("kernel_ms")
+            stab[kk] = {"medians_ms": xs, "cv": round(statistics.pstdev(xs) / m, 4),
+                        "device_ms": [run[kk].get("kernel_device_ms") for run in runs[:3]],
+                        "under_load_ms": load, "load_shift": None if load is None else round(load / m - 1, 4)}
         report["stability"] = stab
-    (out / "report.json").write_text(json.dumps(report, indent=1))
-    lines = [f"# Sweep benchmark ({args.tier} tier, {args.parallel} evaluations in flight per GPU, warm workers)", "",
-             "| GPUs | evaluations | wall s | per minute | passed | scaling |", "|---:|---:|---:|---:|---:|---:|"]
+    (d / "report.json").write_text(json.dumps(report, indent=1))
+    (d / "README.md").write_text(markdown(report))
+    return report
+
+
+def markdown(report: dict) -> str:
+    lines = ["# Sweep benchmark (GPU tier, warm workers, both baselines from the cache)", "",
+             "| GPUs | in flight | evaluations | passed | wall s | device calls | per minute | scaling |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for s in report["sweeps"]:
-        lines.append(f"| {s['gpus'] or '-'} | {s['evaluations']} | {s['wall_s']} | {s['per_minute']} | {s['passed']} | {s['scaling']}x |")
-    lines += ["", "Mean seconds per evaluation by stage (first sweep):", "",
-              "| " + " | ".join(STAGES) + " |", "|" + "---:|" * len(STAGES),
-              "| " + " | ".join(str(base["stage_means_s"].get(s, "-")) for s in STAGES) + " |"]
+        lines.append(f"| {s['gpus']} | {s['parallel']} | {s['evaluations']} | {s['passed']} | {s['wall_s']} | "
+                     f"{s['calls']}{'' if s['complete'] else ' (cut)'} | {s['per_minute']} | {s['scaling']}x |")
+    if report["sweeps"]:
+        lines += ["", "Mean seconds per evaluation by stage (stages overlap across evaluations in flight):", "",
+                  "| GPUs | " + " | ".join(STAGES) + " |", "|---:|" + "---:|" * len(STAGES)]
+        for s in report["sweeps"]:
+            lines.append(f"| {s['gpus']} | " + " | ".join(str(s["stage_means_s"].get(x, "-")) for x in STAGES) + " |")
     if "cold" in report:
         c = report["cold"]
-        lines += ["", f"Cold, one at a time: {c['evaluations']} evaluations, {c['s_per_evaluation']} s each; the sweep "
-                      f"{c['sweep_s_per_evaluation']} s per evaluation → **{c['ratio']}x**."]
+        lines += ["", f"Cold, one at a time (fresh process, no preloaded imports, 1 GPU): {c['evaluations']} evaluations, "
+                      f"{c['s_per_evaluation']} s each; the 1-GPU sweep {c['sweep_s_per_evaluation']} s per evaluation "
+                      f"→ **{c['ratio']}x**."]
     if report.get("stability"):
-        lines += ["", "| solution | medians ms (3 sweeps) | CV | device ms | median ms under compile load |",
-                  "|---|---|---:|---|---:|"]
-        for kk, v in sorted(report["stability"].items()):
+        lines += ["", "Timing stability: the same solutions swept 3 times on 1 GPU, then a 4th time beside a "
+                      "CPU-tier sweep compiling every shipped solution.", "",
+                  "| solution | medians ms (3 sweeps) | CV | device ms | under compile load ms | shift |",
+                  "|---|---|---:|---|---:|---:|"]
+        for kk, v in report["stability"].items():
             lines.append(f"| {kk} | {', '.join(f'{x:.4f}' for x in v['medians_ms'])} | {v['cv']:.4f} | "
                          f"{', '.join('-' if x is None else f'{x:.4f}' for x in v['device_ms'])} | "
-                         f"{'-' if v['under_load_ms'] is None else format(v['under_load_ms'], '.4f')} |")
-    (out / "README.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+                         f"{'-' if v['under_load_ms'] is None else format(v['under_load_ms'], '.4f')} | "
+                         f"{'-' if v['load_shift'] is None else format(v['load_shift'], '+.4f')} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="docs/bench_sweep")
+    ap.add_argument("--stage", default="sweep,cold,stable,summary", help="comma list of sweep, cold, stable, summary")
+    ap.add_argument("--tier", default="gpu", choices=("gpu", "cpu"), help="cpu: try the stages out without a GPU")
+    ap.add_argument("--gpus", type=int, default=1, help="GPUs visible to the sweep stage")
+    ap.add_argument("--parallel", type=int, default=8, help="evaluations in flight per GPU")
+    ap.add_argument("--problems", default="", help="restrict the sweep stage to these problem ids")
+    ap.add_argument("--cold", type=int, default=8, help="evaluations run cold, one at a time, for the ratio")
+    ap.add_argument("--stable-problems", default=STABLE_PROBLEMS, help="problems (both DSLs) of the stability runs")
+    ap.add_argument("--deadline-s", type=float, default=560, help="seconds this invocation may run")
+    args = ap.parse_args()
+    d = Path(args.out)
+    d.mkdir(parents=True, exist_ok=True)
+    deadline = time.time() + args.deadline_s
+    log = d / "parts.jsonl"
+    for stage in args.stage.split(","):
+        if time.time() >= deadline:
+            print(f"deadline reached before stage {stage}", flush=True)
+            break
+        if stage == "sweep":
+            sweep(d / f"sweep_{args.gpus}gpu.jsonl", log, stage="sweep", tier=args.tier, parallel=args.parallel * args.gpus,
+                  warm=True, gpus=args.gpus if args.tier == "gpu" else None, problems=args.problems, deadline=deadline)
+        elif stage == "cold":
+            pick = ",".join(args.stable_problems.split(",")[: max(1, args.cold // 2)])
+            sweep(d / "cold.jsonl", log, stage="cold", tier=args.tier, parallel=1, warm=False,
+                  gpus=1 if args.tier == "gpu" else None, problems=pick,
+                  deadline=deadline)
+        elif stage == "stable" and args.tier != "gpu":
+            print("stage stable: timing needs the GPU tier; skipped", flush=True)
+        elif stage == "stable":
+            want = 2 * len(args.stable_problems.split(","))
+            for k in range(4):
+                out = d / f"stable_{k}.jsonl"
+                if len(records(out)) >= want:
+                    continue                            # this repeat finished in an earlier call
+                out.unlink(missing_ok=True)             # a repeat cut short is taken again whole
+                load = None
+                if k == 3:   # a concurrent compile load: a CPU-tier sweep compiling every shipped solution
+                    (d / "load.jsonl").unlink(missing_ok=True)
+                    load = subprocess.Popen([sys.executable, "-m", "mkb_eval.cli", "verify", "--all", "--tier", "cpu",
+                                             "--parallel", "8", "--out", str(d / "load.jsonl")],
+                                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                    time.sleep(20)                      # the load is compiling before the timed sweep starts
+                try:
+                    sweep(out, log, stage="stable", tier="gpu", parallel=args.parallel, warm=True, gpus=1,
+                          problems=args.stable_problems, deadline=deadline)
+                finally:
+                    if load is not None:
+                        load.kill()
+                        load.wait()
+        elif stage == "summary":
+            print(markdown(summary(d)), flush=True)
+        else:
+            ap.error(f"unknown stage {stage!r}")
     return 0
 
 

@@ -18,6 +18,24 @@ stage="$1"; shift || true
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; python3 -c \
   "import torch,importlib.metadata as m;print('torch',torch.__version__,'cutlass-dsl',m.version('nvidia-cutlass-dsl'),'tvm',m.version('apache-tvm'))"; } \
   > "$OUT/env.txt" 2>&1
+preflight() {
+  # one evaluation per DSL with the default worker user; if the unprivileged user cannot evaluate
+  # here, sweeps keep root workers (their records say so in sandbox.uid) rather than fail; once per host
+  [ -n "${MKB_WORKER_USER+x}" ] && return
+  if [ -f "$MKB_STATE/preflight.env" ]; then source "$MKB_STATE/preflight.env"; return; fi
+  for d in cutedsl tirx; do
+    timeout 120 python3 -m mkb_eval.cli verify --problem 28 --dsl $d --no-compile-baseline --json \
+      > "$OUT/preflight_$d.json" 2> "$OUT/preflight_$d.err" &
+  done; wait
+  if ! python3 -c "import json,sys; sys.exit(any(json.load(open(f))['status'] != 'ok' for f in sys.argv[1:]))" \
+      "$OUT"/preflight_*.json; then
+    echo "preflight failed with the default worker user: sweeping with MKB_WORKER_USER='' (root)" | tee "$OUT/preflight.txt"
+    echo 'export MKB_WORKER_USER=""' > "$MKB_STATE/preflight.env"
+    export MKB_WORKER_USER=""
+  else
+    : > "$MKB_STATE/preflight.env"
+  fi
+}
 case "$stage" in
   foundation)
     timeout 60 python3 -m mkb_eval.cli verify --problem 28 --dsl cutedsl --no-compile-baseline --json > "$OUT/smoke.json" 2> "$OUT/smoke.err"
@@ -28,25 +46,16 @@ case "$stage" in
       > "$OUT/report.log" 2>&1
     tail -5 "$OUT/report.log"; cp "$MKB_STATE"/problem_report.* "$MKB_CACHE_DIR"/{compile,eager}_baselines.jsonl "$OUT/" 2>/dev/null ;;
   sweep)
-    # preflight: one evaluation per DSL with the default worker user; if the unprivileged user cannot
-    # evaluate here, the sweep keeps root workers (its records say so in sandbox.uid) rather than fail
-    if [ -z "${MKB_WORKER_USER+x}" ]; then
-      for d in cutedsl tirx; do
-        timeout 120 python3 -m mkb_eval.cli verify --problem 28 --dsl $d --no-compile-baseline --json \
-          > "$OUT/preflight_$d.json" 2> "$OUT/preflight_$d.err" &
-      done; wait
-      if ! python3 -c "import json,sys; sys.exit(any(json.load(open(f))['status'] != 'ok' for f in sys.argv[1:]))" \
-          "$OUT"/preflight_*.json; then
-        echo "preflight failed with the default worker user: sweeping with MKB_WORKER_USER='' (root)" | tee "$OUT/preflight.txt"
-        export MKB_WORKER_USER=""
-      fi
-    fi
+    preflight
     timeout "$budget" python3 -m mkb_eval.cli verify --all --parallel "${PARALLEL:-8}" --warm --cached-compile-baseline --reuse-eager-baseline \
       --out "$MKB_STATE/sweep.jsonl" "$@" > "$OUT/sweep.log" 2>&1
     tail -30 "$OUT/sweep.log"; cp "$MKB_STATE/sweep.jsonl" "$OUT/" ;;
   bench)
-    timeout "$budget" python3 scripts/bench_sweep.py --out "$OUT/bench" "$@" > "$OUT/bench.log" 2>&1
-    tail -30 "$OUT/bench.log" ;;
+    # resumable stages (scripts/bench_sweep.py --stage ...); its folder comes back whole as bench.tgz
+    preflight
+    timeout $((budget + 30)) python3 scripts/bench_sweep.py --out "$MKB_STATE/bench" --deadline-s "$budget" "$@" \
+      >> "$MKB_STATE/bench.log" 2>&1
+    tail -30 "$MKB_STATE/bench.log"; cp "$MKB_STATE/bench.log" "$OUT/"; tar czf "$OUT/bench.tgz" -C "$MKB_STATE" bench ;;
   safety)
     timeout "$budget" python3 -m mkb_eval.cli safety --tier gpu --md "$OUT/safety_gpu.md" "$@" > "$OUT/safety.log" 2>&1
     tail -25 "$OUT/safety.log" ;;

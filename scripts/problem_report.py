@@ -4,8 +4,9 @@ times, SOL ratio, and problems whose eager time is under 20 us (launch overhead 
     python scripts/problem_report.py --out docs/problem_report [--jobs 12] [--problems 1,28]
 
 torch.compile is warmed in parallel processes first (CPU-bound; the compiled graphs land in inductor's
-cache on disk), then every reference is measured by one process per GPU, with nothing compiling beside
-it; ``compile_s`` is the parallel phase's compile time.
+cache on disk), then every reference is measured with its GPU to itself (a lock per GPU), with nothing
+compiling beside it; ``compile_s`` is the parallel phase's compile time. A run cut short resumes: the
+problems already measured without error in ``<out>.rows.jsonl`` are kept.
 """
 
 from __future__ import annotations
@@ -187,26 +188,34 @@ def main() -> int:
     jobs = [(str(f), f"{lock}.{i % n_gpu}" if n_gpu else lock, f"cuda:{i % n_gpu}" if n_gpu else args.device,
              args.size) for i, f in enumerate(folders)]
     rows: dict[int, dict] = {}
-    with open(out.with_suffix(".rows.jsonl"), "a") as log:
+    log_path = out.with_suffix(".rows.jsonl")
+    if log_path.exists():          # resume: a problem measured without error by an earlier (cut) run is kept
+        for line in log_path.read_text().splitlines():
+            r = json.loads(line) if line.strip() else {}
+            if r.get("eager_ms") is not None and "error" not in r:
+                rows[r["id"]] = r
+        jobs = [j for j in jobs if int(Path(j[0]).name[:2]) not in rows]
+    compile_s: dict[int, float | None] = {}
+    with open(log_path, "a") as log:
         def run(pending: list, procs: int) -> None:
             with ctx.Pool(procs, maxtasksperchild=1) as pool:
                 for row in pool.imap_unordered(measure, pending):
+                    if compile_s.get(row["id"]) is not None:
+                        row["compile_s"] = compile_s[row["id"]]
                     rows[row["id"]] = row
                     log.write(json.dumps(row) + "\n")     # kept even if the run is cut short
                     log.flush()
 
         # timing a host-bound reference beside 20+ compiling processes inflated torch.compile times
         # up to 20x (problem 25: 2.42 ms vs 0.10-0.13 ms timed alone), so: compile everything in
-        # parallel first, then measure one process per GPU with the compiled graphs cached on disk
-        compile_s = {}
+        # parallel first, then measure with the compiled graphs cached on disk and the GPU to itself
         with ctx.Pool(args.jobs, maxtasksperchild=1) as pool:
             for w in pool.imap_unordered(warm, jobs):
                 compile_s[w["id"]] = w.get("compile_s")
                 print(json.dumps({"warmed": w}), flush=True)
-        run(jobs, max(1, n_gpu))
-        for i, r in rows.items():
-            if compile_s.get(i) is not None:
-                r["compile_s"] = compile_s[i]
+        # two processes per GPU: one's start, imports and cached compile overlap the other's timing,
+        # which the GPU's lock keeps to one at a time
+        run(jobs, 2 * max(1, n_gpu))
         # peak memory needs the GPU to itself: a reference that ran out of memory beside the other
         # processes is measured again alone (the later row wins in the .rows.jsonl log too)
         oom = [j for j in jobs if "OutOfMemoryError" in rows.get(int(Path(j[0]).name[:2]), {}).get("error", "")]
