@@ -13,6 +13,11 @@ export MKB_STATE="${MKB_STATE:-$HOME/mkb_state}"
 export MKB_CACHE_DIR="${MKB_STATE}/cache"
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 PYTHONUNBUFFERED=1
 mkdir -p "$MKB_STATE" "$MKB_CACHE_DIR"
+# MKB_SEED_COMPILE=results/h200/<date>_compile_baselines.jsonl: sweeps take torch.compile times from an
+# earlier report (same GPU model and versions) when this host has none, e.g. to benchmark sweeps alone
+if [ -n "${MKB_SEED_COMPILE:-}" ] && [ ! -s "$MKB_CACHE_DIR/compile_baselines.jsonl" ]; then
+  cp "$MKB_SEED_COMPILE" "$MKB_CACHE_DIR/compile_baselines.jsonl"
+fi
 budget="${MKB_STAGE_S:-540}"          # seconds this stage may run (a call is capped at 600)
 stage="$1"; shift || true
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; python3 -c \

@@ -39,10 +39,10 @@ def gpu_lock(path: str):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def warm(args: tuple[str, str, str, str]) -> dict:
+def warm(args: tuple[str, str, str, str, str | None]) -> dict:
     """Phase 1, many at once: torch.compile of the reference, run once, so the inductor cache on
     disk holds it when phase 2 times it with nothing else compiling beside it."""
-    folder, _, device, size = args
+    folder, _, device, size, _ = args
     import torch
     import torch._dynamo as dynamo
 
@@ -68,8 +68,8 @@ def warm(args: tuple[str, str, str, str]) -> dict:
     return row
 
 
-def measure(args: tuple[str, str, str, str]) -> dict:
-    folder, lock, device, size = args
+def measure(args: tuple[str, str, str, str, str | None]) -> dict:
+    folder, lock, device, size, no_compile = args
     import torch
 
     from mkb_eval import problems as P
@@ -100,7 +100,9 @@ def measure(args: tuple[str, str, str, str]) -> dict:
                 raise RuntimeError("timing needs a GPU (the reference ran; memory and times not measured)")
             eager, _ = judge.time_reference(seeds[:WARMUP], seeds[WARMUP:WARMUP + TIMED])
             row["eager_ms"] = eager.median_ms
-        if gpu:
+        if gpu and no_compile:
+            row["compile_note"] = no_compile
+        elif gpu:
             row.update(measure_compile(prob, judge, lock, size))
     except Exception as e:  # noqa: BLE001 - a failing reference is a finding, reported in the table
         row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
@@ -161,6 +163,9 @@ def main() -> int:
     ap.add_argument("--problems", type=problem_ids, help="problem ids, e.g. 1-43,50")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--size", default="full")
+    ap.add_argument("--warm-s", type=float, default=300,
+                    help="the parallel compile phase ends after this; a reference still compiling then gets no "
+                         "torch.compile time (a sweep never compiles one inside a timing lane either)")
     ap.add_argument("--merge", nargs="+", metavar="ROWS_JSONL",
                     help="measure nothing: build the report from these row logs (a later row of a problem wins)")
     args = ap.parse_args()
@@ -186,13 +191,13 @@ def main() -> int:
     # one timing lock per GPU, problems dealt round-robin over the visible GPUs
     n_gpu = torch.cuda.device_count() if args.device == "cuda" else 0
     jobs = [(str(f), f"{lock}.{i % n_gpu}" if n_gpu else lock, f"cuda:{i % n_gpu}" if n_gpu else args.device,
-             args.size) for i, f in enumerate(folders)]
+             args.size, None) for i, f in enumerate(folders)]
     rows: dict[int, dict] = {}
     log_path = out.with_suffix(".rows.jsonl")
     if log_path.exists():          # resume: a problem measured without error by an earlier (cut) run is kept
         for line in log_path.read_text().splitlines():
             r = json.loads(line) if line.strip() else {}
-            if r.get("eager_ms") is not None and "error" not in r:
+            if r.get("eager_ms") is not None and "error" not in r:       # (a compile_note is a result)
                 rows[r["id"]] = r
         jobs = [j for j in jobs if int(Path(j[0]).name[:2]) not in rows]
     compile_s: dict[int, float | None] = {}
@@ -209,10 +214,23 @@ def main() -> int:
         # timing a host-bound reference beside 20+ compiling processes inflated torch.compile times
         # up to 20x (problem 25: 2.42 ms vs 0.10-0.13 ms timed alone), so: compile everything in
         # parallel first, then measure with the compiled graphs cached on disk and the GPU to itself
-        with ctx.Pool(args.jobs, maxtasksperchild=1) as pool:
-            for w in pool.imap_unordered(warm, jobs):
+        # each compiling process gets its share of the cores for inductor's compile workers (24
+        # processes with a worker per core each made every compile 10-30x slower), and the phase
+        # ends at --warm-s: one reference compiling for 6+ minutes (66) must not hold up the rest
+        os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", str(max(1, (os.cpu_count() or 1) // args.jobs)))
+        warmed: set[int] = set()
+        with ctx.Pool(args.jobs, maxtasksperchild=1) as pool:        # leaving the block kills stragglers
+            it, end = pool.imap_unordered(warm, jobs), time.monotonic() + args.warm_s
+            for _ in jobs:
+                try:
+                    w = it.next(timeout=max(0.0, end - time.monotonic()))
+                except mp.TimeoutError:
+                    break
+                warmed.add(w["id"])
                 compile_s[w["id"]] = w.get("compile_s")
                 print(json.dumps({"warmed": w}), flush=True)
+        late = f"torch.compile still compiling after the {args.warm_s:.0f} s compile phase: not timed"
+        jobs = [j if int(Path(j[0]).name[:2]) in warmed else (*j[:4], late) for j in jobs]
         # two processes per GPU: one's start, imports and cached compile overlap the other's timing,
         # which the GPU's lock keeps to one at a time
         run(jobs, 2 * max(1, n_gpu))
@@ -244,7 +262,8 @@ def write_report(out: Path, rows: list[dict], size: str) -> int:
         return "-" if x is None else format(x, spec)
 
     for r in rows:
-        note = " ".join(r.get("error", "").split())[:200] or ("eager < 20 us" if r.get("small") else "")
+        note = " ".join((r.get("error") or r.get("compile_note") or "").split())[:200] or (
+            "eager < 20 us" if r.get("small") else "")
         lines.append(f"| {r['id']:02d} | {r['name']} | {f(r.get('peak_gib'), '.2f')} | {f(r.get('eager_ms'))} | "
                      f"{f(r.get('compile_ms'))} | {f(r['sol_ms'])} | {r['bound']} | {f(r.get('sol_over_eager'), '.3f')} | {note} |")
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
