@@ -1,0 +1,67 @@
+"""scripts/bench_sweep.py: a benchmark spread over several device calls adds up its parts, and a
+sweep cut by the deadline resumes where it stopped."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+_spec = importlib.util.spec_from_file_location("bench_sweep", ROOT / "scripts" / "bench_sweep.py")
+bench = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench)
+
+
+def _rec(pid: int, dsl: str, ms: float, status: str = "ok") -> dict:
+    return {"kind": "verification", "problem_id": pid, "dsl": dsl, "status": status,
+            "stages_s": {"total": 10.0, "worker_timing": 1.0},
+            "timing": {"kernel_ms": ms, "kernel_device_ms": ms * 0.9}}
+
+
+def _write(path: Path, rows: list[dict]) -> None:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def _part(stage: str, file: str, gpus: int, wall: float, cut: bool = False) -> dict:
+    return {"stage": stage, "file": file, "gpus": gpus, "parallel": 8 * gpus, "warm": True, "wall_s": wall,
+            "added": 0, "cut": cut}
+
+
+def test_summary_adds_up_parts_and_compares_gpu_counts(tmp_path):
+    _write(tmp_path / "sweep_1gpu.jsonl", [_rec(i, d, 1.0) for i in range(1, 31) for d in ("cutedsl", "tirx")])
+    _write(tmp_path / "sweep_2gpu.jsonl", [_rec(i, d, 1.0) for i in range(1, 31) for d in ("cutedsl", "tirx")]
+           + [_rec(31, "tirx", 1.0, "incorrect")])
+    _write(tmp_path / "cold.jsonl", [_rec(1, "cutedsl", 1.0), _rec(1, "tirx", 1.0)])
+    for k, ms in enumerate((1.00, 1.01, 0.99, 1.30)):
+        _write(tmp_path / f"stable_{k}.jsonl", [_rec(3, "cutedsl", ms), _rec(3, "tirx", 2.0)])
+    _write(tmp_path / "parts.jsonl", [_part("sweep", "sweep_1gpu.jsonl", 1, 50.0, cut=True),
+                                       _part("sweep", "sweep_1gpu.jsonl", 1, 70.0),
+                                       _part("sweep", "sweep_2gpu.jsonl", 2, 61.0),
+                                       _part("cold", "cold.jsonl", 1, 20.0)])
+    rep = bench.summary(tmp_path)
+    one, two = sorted(rep["sweeps"], key=lambda s: s["gpus"])
+    assert (one["wall_s"], one["calls"], one["complete"], one["per_minute"]) == (120.0, 2, True, 30.0)
+    assert (two["evaluations"], two["passed"], two["per_minute"]) == (61, 60, 60.0)
+    assert two["scaling"] == 2.0 and one["scaling"] == 1.0
+    assert rep["cold"]["s_per_evaluation"] == 10.0 and rep["cold"]["ratio"] == 5.0
+    st = rep["stability"]
+    assert st["03/tirx"]["cv"] == 0 and st["03/tirx"]["load_shift"] == 0
+    assert 0.008 < st["03/cutedsl"]["cv"] < 0.009 and st["03/cutedsl"]["load_shift"] == 0.3
+    md = (tmp_path / "README.md").read_text()
+    assert "| 1 | 8 | 60 | 60 | 120.0 | 2 | 30.0 | 1.0x |" in md and "**5.0x**" in md
+
+
+def test_cpu_sweep_cut_by_the_deadline_resumes(tmp_path):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "CUTE_DSL_ARCH": "sm_90a"}
+    cmd = [sys.executable, str(ROOT / "scripts" / "bench_sweep.py"), "--out", str(tmp_path), "--tier", "cpu",
+           "--problems", "28", "--parallel", "2", "--stage", "sweep"]
+    subprocess.run(cmd + ["--deadline-s", "1"], env=env, check=True, capture_output=True)
+    subprocess.run(cmd + ["--deadline-s", "300"], env=env, check=True, capture_output=True)
+    parts = bench.parts(tmp_path)
+    assert [p["cut"] for p in parts] == [True, False]
+    assert sum(p["added"] for p in parts) == 2
+    rep = bench.summary(tmp_path)
+    assert rep["sweeps"][0]["evaluations"] == 2 and rep["sweeps"][0]["calls"] == 2
+    assert rep["sweeps"][0]["wall_s"] == round(parts[0]["wall_s"] + parts[1]["wall_s"], 1)
