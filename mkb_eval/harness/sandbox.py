@@ -19,6 +19,8 @@ import resource
 import secrets
 import shutil
 import signal
+import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -320,9 +322,27 @@ def _v2_dir() -> Path | None:
     return d if d.is_dir() and os.access(d, os.W_OK) else None
 
 
-def session_usage(sid: int) -> tuple[int, int]:
-    """(resident bytes, process count) of every process in session ``sid`` (the watchdog's view)."""
-    rss, n = 0, 0
+_census_lock = threading.Lock()
+_census: tuple[float, dict[int, tuple[int, int]]] = (float("-inf"), {})
+
+
+def session_usage(sid: int, max_age: float = 0.0) -> tuple[int, int]:
+    """(resident bytes, process count) of every process in session ``sid`` (the watchdog's view).
+
+    One scan of /proc serves every session; ``max_age`` lets the watchdogs of evaluations in
+    flight share a scan that recent: a scan reads every process's stat, and a dozen judge threads
+    scanning 4 times a second each would spend the judge's GIL on it."""
+    global _census
+    with _census_lock:
+        t, table = _census
+        if time.monotonic() - t > max_age:
+            table = _scan_sessions()
+            _census = (time.monotonic(), table)
+    return table.get(sid, (0, 0))
+
+
+def _scan_sessions() -> dict[int, tuple[int, int]]:
+    table: dict[int, tuple[int, int]] = {}
     page = os.sysconf("SC_PAGE_SIZE")
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
@@ -330,13 +350,14 @@ def session_usage(sid: int) -> tuple[int, int]:
         try:
             stat = Path(entry.path, "stat").read_text()
             fields = stat[stat.rindex(")") + 2:].split()
-            if int(fields[3]) != sid or fields[0] in ("Z", "X"):   # session id; zombies hold nothing
+            if fields[0] in ("Z", "X"):                # zombies hold nothing
                 continue
-            n += 1
-            rss += int(fields[21]) * page       # field 24: rss in pages
+            sid, rss = int(fields[3]), int(fields[21]) * page      # session id; field 24: rss in pages
         except (OSError, ValueError, IndexError):
             continue
-    return rss, n
+        have, n = table.get(sid, (0, 0))
+        table[sid] = (have + rss, n + 1)
+    return table
 
 
 def network_isolated() -> bool:

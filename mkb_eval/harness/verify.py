@@ -97,6 +97,8 @@ class _Worker:
         self.gate_r, self.gate_w = os.pipe()
         self.killed_for: str | None = None
         self._next_watch = 0.0
+        self._channel_seen: tuple[int, int] = (-1, -1)
+        self._messages: list[dict[str, Any]] = []
         work = root / "work"
         env = _scrubbed_env({
             "TMPDIR": str(root / "tmp"), "CUTE_DSL_DISABLE_FILE_CACHING": "1", "CUTE_DSL_CACHE_DIR": str(root / "cute_cache"),
@@ -131,7 +133,7 @@ class _Worker:
             return
         self._next_watch = now + 0.25
         cfg = self.limits.sandbox
-        rss, n = session_usage(self.proc.pid)
+        rss, n = session_usage(self.proc.pid, max_age=0.2)
         if cfg.memory_bytes and rss > cfg.memory_bytes:
             self.killed_for = f"resident memory {rss / 2**30:.1f} GiB over the cap of {cfg.memory_bytes / 2**30:.1f} GiB"
         elif cfg.max_tasks and n > cfg.max_tasks:
@@ -140,7 +142,15 @@ class _Worker:
             self.kill_group()
 
     def messages(self) -> list[dict[str, Any]]:
-        return read_messages(self.channel, self.sentinel)
+        """The worker's messages so far; parsed again only when the channel has grown (waits poll it 50x a second)."""
+        try:
+            st = os.stat(self.channel)
+        except FileNotFoundError:
+            return []
+        if (st.st_size, st.st_mtime_ns) != self._channel_seen:
+            self._messages = read_messages(self.channel, self.sentinel)
+            self._channel_seen = (st.st_size, st.st_mtime_ns)
+        return self._messages
 
     def wait_for(self, kinds: tuple[str, ...], timeout: float) -> tuple[dict[str, Any] | None, str]:
         """The first message of one of ``kinds`` (a kind, or a progress stage); else (None, 'timeout' | 'exited')."""

@@ -75,3 +75,21 @@ def test_worker_user_can_be_kept_by_environment(monkeypatch):
     assert S.SandboxConfig().run_as is None
     monkeypatch.setenv("MKB_WORKER_USER", "nobody")
     assert S.SandboxConfig().run_as == "nobody"
+
+
+def test_session_usage_counts_a_session_and_shares_recent_scans():
+    import subprocess
+    import sys
+    import time
+
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], start_new_session=True)
+    try:
+        rss, n = S.session_usage(p.pid)                  # a fresh scan sees the new session
+        assert n == 1 and rss > 0
+        p.kill()
+        p.wait()
+        assert S.session_usage(p.pid, max_age=60.0) == (rss, n)     # within max_age: the shared scan
+        time.sleep(0.01)
+        assert S.session_usage(p.pid, max_age=0.0) == (0, 0)        # a fresh one: gone
+    finally:
+        p.kill()
