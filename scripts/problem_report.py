@@ -196,7 +196,10 @@ def main() -> int:
     log_path = out.with_suffix(".rows.jsonl")
     if log_path.exists():          # resume: a problem measured without error by an earlier (cut) run is kept
         for line in log_path.read_text().splitlines():
-            r = json.loads(line) if line.strip() else {}
+            try:
+                r = json.loads(line)
+            except json.JSONDecodeError:
+                continue                    # a line torn by the cut
             if r.get("eager_ms") is not None and "error" not in r:       # (a compile_note is a result)
                 rows[r["id"]] = r
         jobs = [j for j in jobs if int(Path(j[0]).name[:2]) not in rows]
