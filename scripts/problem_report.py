@@ -218,7 +218,7 @@ def main() -> int:
         # up to 20x (problem 25: 2.42 ms vs 0.10-0.13 ms timed alone), so: compile everything in
         # parallel first, then measure with the compiled graphs cached on disk and the GPU to itself
         # each compiling process gets its share of the cores for inductor's compile workers (24
-        # processes with a worker per core each made every compile 10-30x slower), and the phase
+        # processes, each with inductor's workers for every core, compiled 10-30x slower than before), and the phase
         # ends at --warm-s: one reference compiling for 6+ minutes (66) must not hold up the rest
         os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", str(max(1, (os.cpu_count() or 1) // args.jobs)))
         warmed: set[int] = set()
