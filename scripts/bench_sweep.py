@@ -25,21 +25,20 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from mkb_eval.harness.verify import default_cache_dir  # noqa: E402
+from mkb_eval.records import append_jsonl, read_jsonl  # noqa: E402
+
 STAGES = ("worker_start", "worker_phase1", "judge_correctness", "worker_timing", "eager_baseline",
           "compile_baseline", "judge_rechecks", "total")
 STABLE_PROBLEMS = "3,22,33,46,55,70"       # one problem of each family, kernels of 0.1-5 ms
 
 
 def records(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue                                   # a line torn by a cut is not a record
-    return [r for r in out if r.get("kind") == "verification"]
+    """The verification records in ``path`` (a line torn by a cut is skipped, with a warning)."""
+    return [r for r in read_jsonl(path) if r.get("kind") == "verification"] if path.exists() else []
 
 
 def sweep(out: Path, log: Path, *, stage: str, tier: str, parallel: int, warm: bool, gpus: int | None,
@@ -56,7 +55,7 @@ def sweep(out: Path, log: Path, *, stage: str, tier: str, parallel: int, warm: b
     cache = out.parent / f"cache_{out.stem}"
     if not cache.exists():
         cache.mkdir()
-        given = Path(os.environ.get("MKB_CACHE_DIR", Path.home() / ".cache" / "mkb")) / "compile_baselines.jsonl"
+        given = default_cache_dir() / "compile_baselines.jsonl"
         if given.exists():
             shutil.copy(given, cache / given.name)
     env = {**os.environ, "MKB_CACHE_DIR": str(cache)}
@@ -72,8 +71,7 @@ def sweep(out: Path, log: Path, *, stage: str, tier: str, parallel: int, warm: b
     part = {"stage": stage, "file": out.name, "gpus": gpus, "parallel": parallel, "warm": warm,
             "wall_s": round(time.perf_counter() - t0, 1), "added": len(records(out)) - before, "cut": cut,
             "at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-    with open(log, "a") as f:
-        f.write(json.dumps(part) + "\n")
+    append_jsonl(log, part)
     print(json.dumps(part), flush=True)
     return part
 
@@ -88,7 +86,7 @@ def key(r: dict) -> str:
 
 def parts(d: Path) -> list[dict]:
     p = d / "parts.jsonl"
-    return [json.loads(x) for x in p.read_text().splitlines() if x.strip()] if p.exists() else []
+    return list(read_jsonl(p)) if p.exists() else []
 
 
 def summary(d: Path) -> dict:

@@ -170,13 +170,10 @@ def main() -> int:
                     help="measure nothing: build the report from these row logs (a later row of a problem wins)")
     args = ap.parse_args()
     out = Path(args.out)
+    from mkb_eval.records import append_jsonl, read_jsonl
+
     if args.merge:
-        rows = {}
-        for f in args.merge:
-            for line in Path(f).read_text().splitlines():
-                if line.strip():
-                    r = json.loads(line)
-                    rows[r["id"]] = r
+        rows = {r["id"]: r for f in args.merge for r in read_jsonl(f)}
         return write_report(out, sorted(rows.values(), key=lambda r: r["id"]), args.size)
     from mkb_eval import problems as P
 
@@ -195,54 +192,48 @@ def main() -> int:
     rows: dict[int, dict] = {}
     log_path = out.with_suffix(".rows.jsonl")
     if log_path.exists():          # resume: a problem measured without error by an earlier (cut) run is kept
-        for line in log_path.read_text().splitlines():
-            try:
-                r = json.loads(line)
-            except json.JSONDecodeError:
-                continue                    # a line torn by the cut
-            if r.get("eager_ms") is not None and "error" not in r:       # (a compile_note is a result)
-                rows[r["id"]] = r
+        rows = {r["id"]: r for r in read_jsonl(log_path)                  # a line torn by the cut is skipped
+                if r.get("eager_ms") is not None and "error" not in r}     # (a compile_note is a result)
         jobs = [j for j in jobs if int(Path(j[0]).name[:2]) not in rows]
     compile_s: dict[int, float | None] = {}
-    with open(log_path, "a") as log:
-        def run(pending: list, procs: int) -> None:
-            with ctx.Pool(procs, maxtasksperchild=1) as pool:
-                for row in pool.imap_unordered(measure, pending):
-                    if compile_s.get(row["id"]) is not None:
-                        row["compile_s"] = compile_s[row["id"]]
-                    rows[row["id"]] = row
-                    log.write(json.dumps(row) + "\n")     # kept even if the run is cut short
-                    log.flush()
 
-        # timing a host-bound reference beside 20+ compiling processes inflated torch.compile times
-        # up to 20x (problem 25: 2.42 ms vs 0.10-0.13 ms timed alone), so: compile everything in
-        # parallel first, then measure with the compiled graphs cached on disk and the GPU to itself
-        # each compiling process gets its share of the cores for inductor's compile workers (24
-        # processes, each with inductor's workers for every core, compiled 10-30x slower than before), and the phase
-        # ends at --warm-s: one reference compiling for 6+ minutes (66) must not hold up the rest
-        os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", str(max(1, (os.cpu_count() or 1) // args.jobs)))
-        warmed: set[int] = set()
-        with ctx.Pool(args.jobs, maxtasksperchild=1) as pool:        # leaving the block kills stragglers
-            it, end = pool.imap_unordered(warm, jobs), time.monotonic() + args.warm_s
-            for _ in jobs:
-                try:
-                    w = it.next(timeout=max(0.0, end - time.monotonic()))
-                except mp.TimeoutError:
-                    break
-                warmed.add(w["id"])
-                compile_s[w["id"]] = w.get("compile_s")
-                print(json.dumps({"warmed": w}), flush=True)
-        late = f"torch.compile still compiling after the {args.warm_s:.0f} s compile phase: not timed"
-        jobs = [j if int(Path(j[0]).name[:2]) in warmed else (*j[:4], late) for j in jobs]
-        # two processes per GPU: one's start, imports and cached compile overlap the other's timing,
-        # which the GPU's lock keeps to one at a time
-        run(jobs, 2 * max(1, n_gpu))
-        # peak memory needs the GPU to itself: a reference that ran out of memory beside the other
-        # processes is measured again alone (the later row wins in the .rows.jsonl log too)
-        oom = [j for j in jobs if "OutOfMemoryError" in rows.get(int(Path(j[0]).name[:2]), {}).get("error", "")]
-        if oom:
-            print(f"again, one at a time (out of memory beside the others): {[Path(j[0]).name[:2] for j in oom]}")
-            run(oom, 1)
+    def run(pending: list, procs: int) -> None:
+        with ctx.Pool(procs, maxtasksperchild=1) as pool:
+            for row in pool.imap_unordered(measure, pending):
+                if compile_s.get(row["id"]) is not None:
+                    row["compile_s"] = compile_s[row["id"]]
+                rows[row["id"]] = row
+                append_jsonl(log_path, row)     # kept even if the run is cut short (a torn line repaired)
+
+    # timing a host-bound reference beside 20+ compiling processes inflated torch.compile times
+    # up to 20x (problem 25: 2.42 ms vs 0.10-0.13 ms timed alone), so: compile everything in
+    # parallel first, then measure with the compiled graphs cached on disk and the GPU to itself
+    # each compiling process gets its share of the cores for inductor's compile workers (24
+    # processes, each with inductor's workers for every core, compiled 10-30x slower than before),
+    # and the phase ends at --warm-s: one reference compiling for 6+ minutes (66) must not hold up the rest
+    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", str(max(1, (os.cpu_count() or 1) // args.jobs)))
+    warmed: set[int] = set()
+    with ctx.Pool(args.jobs, maxtasksperchild=1) as pool:        # leaving the block kills stragglers
+        it, end = pool.imap_unordered(warm, jobs), time.monotonic() + args.warm_s
+        for _ in jobs:
+            try:
+                w = it.next(timeout=max(0.0, end - time.monotonic()))
+            except mp.TimeoutError:
+                break
+            warmed.add(w["id"])
+            compile_s[w["id"]] = w.get("compile_s")
+            print(json.dumps({"warmed": w}), flush=True)
+    late = f"torch.compile still compiling after the {args.warm_s:.0f} s compile phase: not timed"
+    jobs = [j if int(Path(j[0]).name[:2]) in warmed else (*j[:4], late) for j in jobs]
+    # two processes per GPU: one's start, imports and cached compile overlap the other's timing,
+    # which the GPU's lock keeps to one at a time
+    run(jobs, 2 * max(1, n_gpu))
+    # peak memory needs the GPU to itself: a reference that ran out of memory beside the other
+    # processes is measured again alone (the later row wins in the .rows.jsonl log too)
+    oom = [j for j in jobs if "OutOfMemoryError" in rows.get(int(Path(j[0]).name[:2]), {}).get("error", "")]
+    if oom:
+        print(f"again, one at a time (out of memory beside the others): {[Path(j[0]).name[:2] for j in oom]}")
+        run(oom, 1)
     gpu_name = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
     for r in rows.values():
         r.setdefault("gpu", gpu_name)

@@ -155,8 +155,6 @@ class Sandbox:
                         os.kill(p, signal.SIGKILL)
                     except ProcessLookupError:
                         pass
-                import time
-
                 time.sleep(0.05)
 
     def cleanup(self) -> None:
@@ -183,6 +181,11 @@ _NOT_STAGED = {"__pycache__", "solutions"}
 
 def repo_root() -> Path:
     return Path(__file__).resolve().parents[2]
+
+
+def pythonpath_first(code: Path, env: dict[str, str]) -> str:
+    """``env``'s PYTHONPATH with ``code`` in front: the worker imports mkb_eval from there."""
+    return str(code) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
 
 
 def _become(ids: tuple[int, int]) -> None:
@@ -238,7 +241,7 @@ def _probe(ids: tuple[int, int], code: Path) -> str:
     probe_file = next((code / "problems").rglob("reference.py"), code / "mkb_eval" / "__init__.py")
     env = {**os.environ, "HOME": "/tmp", "PYTHONDONTWRITEBYTECODE": "1", "MKB_PROBE_MODULES": ",".join(mods),
            "MKB_PROBE_FILE": str(probe_file), "MKB_PROBE_CUDA": "1" if _has_gpu() else "0",
-           "PYTHONPATH": str(code) + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else "")}
+           "PYTHONPATH": pythonpath_first(code, dict(os.environ))}
     try:
         r = subprocess.run([sys.executable, "-c", _PROBE], preexec_fn=lambda: _become(ids), cwd="/", env=env,
                            capture_output=True, text=True, timeout=300)

@@ -25,13 +25,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import mkb_eval
 from mkb_eval import problems as P
 from mkb_eval.env import describe
 from mkb_eval.harness.channel import read_messages
 from mkb_eval.harness.lanes import GpuLane
 from mkb_eval.harness.policy import check_source
-from mkb_eval.harness.sandbox import Sandbox, SandboxConfig, code_root, repo_root, session_usage
+from mkb_eval.harness.sandbox import (Sandbox, SandboxConfig, code_root, pythonpath_first, repo_root,
+                                     session_usage)
 from mkb_eval.records import Timing, VerificationRecord
 
 CORRECTNESS_DRAWS = 5
@@ -65,7 +65,7 @@ def _seed() -> int:
 def _scrubbed_env(extra: dict[str, str], code: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if not any(s in k.upper() for s in _SECRET_ENV) and not k.upper().startswith(("HF_TOKEN", "OPENAI", "MKB_API"))}
-    env["PYTHONPATH"] = str(code) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["PYTHONPATH"] = pythonpath_first(code, env)
     env.update(extra)
     return env
 
@@ -496,7 +496,7 @@ def redact_paths(text: str, root: Path | None = None) -> str:
     if root is not None:
         text = text.replace(str(root) + "/", "").replace(str(root), "<eval>")
     text = _SITE.sub("<site-packages>/", text)               # first: a virtualenv may sit inside the repo
-    text = _CODE.sub("<repo>", text.replace(str(Path(mkb_eval.__file__).resolve().parent.parent), "<repo>"))
+    text = _CODE.sub("<repo>", text.replace(str(repo_root()), "<repo>"))
     return _EVAL.sub(lambda m: "" if m.group(1) else "<eval>", text)
 
 
