@@ -42,9 +42,10 @@ def records(path: Path) -> list[dict]:
 
 
 def sweep(out: Path, log: Path, *, stage: str, tier: str, parallel: int, warm: bool, gpus: int | None,
-          problems: str, deadline: float, extra_args: tuple[str, ...] = ()) -> dict:
-    """One `mkb verify --all` into ``out`` (resumed if it holds records), cut at ``deadline``;
-    the part (wall seconds, records added, whether it was cut) is appended to ``log``."""
+          problems: str, deadline: float, cpus: int | None = None, extra_args: tuple[str, ...] = ()) -> dict:
+    """One `mkb verify --all` into ``out`` (resumed if it holds records), cut at ``deadline``, on the
+    first ``cpus`` cores when given (a 1-GPU host has fewer cores than a 2-GPU one); the part (wall
+    seconds, records added, whether it was cut) is appended to ``log``."""
     cmd = [sys.executable, "-m", "mkb_eval.cli", "verify", "--all", "--tier", tier, "--parallel", str(parallel),
            "--out", str(out), *extra_args] + (["--warm"] if warm else []) + (
         ["--cached-compile-baseline", "--reuse-eager-baseline"] if tier == "gpu" else [])
@@ -61,14 +62,17 @@ def sweep(out: Path, log: Path, *, stage: str, tier: str, parallel: int, warm: b
     env = {**os.environ, "MKB_CACHE_DIR": str(cache)}
     if gpus is not None:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(gpus))
+    cores = sorted(os.sched_getaffinity(0))[:cpus] if cpus else None
     before = len(records(out))
     t0 = time.perf_counter()
     try:
-        subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, check=False, timeout=max(1.0, deadline - time.time()))
+        subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, check=False, timeout=max(1.0, deadline - time.time()),
+                       preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores else None)
         cut = False
     except subprocess.TimeoutExpired:
         cut = True
-    part = {"stage": stage, "file": out.name, "gpus": gpus, "parallel": parallel, "warm": warm,
+    part = {"stage": stage, "file": out.name, "gpus": gpus, "cpus": len(cores) if cores else os.cpu_count(),
+            "parallel": parallel, "warm": warm,
             "wall_s": round(time.perf_counter() - t0, 1), "added": len(records(out)) - before, "cut": cut,
             "at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     append_jsonl(log, part)
@@ -98,7 +102,7 @@ def summary(d: Path) -> dict:
         recs = records(d / f)
         wall = sum(p["wall_s"] for p in mine)
         report["sweeps"].append({
-            "gpus": mine[0]["gpus"], "parallel": mine[0]["parallel"], "evaluations": len(recs), "wall_s": round(wall, 1),
+            "gpus": mine[0]["gpus"], "cpus": mine[0].get("cpus"), "parallel": mine[0]["parallel"], "evaluations": len(recs), "wall_s": round(wall, 1),
             "calls": len(mine), "complete": not mine[-1]["cut"],
             "per_minute": round(60 * len(recs) / wall, 1) if wall else None,
             "passed": sum(r["status"] in ("ok", "unverified") for r in recs), "stage_means_s": stage_means(recs)})
@@ -134,10 +138,10 @@ def summary(d: Path) -> dict:
 def markdown(report: dict) -> str:
     lines = ["# Sweep benchmark (GPU tier, warm workers; torch.compile times from the cache, the eager reference "
              "timed once per problem in each sweep)", "",
-             "| GPUs | in flight | evaluations | passed | wall s | device calls | per minute | scaling |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| GPUs | CPU cores | in flight | evaluations | passed | wall s | device calls | per minute | scaling |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for s in report["sweeps"]:
-        lines.append(f"| {s['gpus']} | {s['parallel']} | {s['evaluations']} | {s['passed']} | {s['wall_s']} | "
+        lines.append(f"| {s['gpus']} | {s.get('cpus') or '-'} | {s['parallel']} | {s['evaluations']} | {s['passed']} | {s['wall_s']} | "
                      f"{s['calls']}{'' if s['complete'] else ' (cut)'} | {s['per_minute']} | {s['scaling']}x |")
     if report["sweeps"]:
         lines += ["", "Mean seconds per evaluation by stage (stages overlap across evaluations in flight):", "",
@@ -169,6 +173,7 @@ def main() -> int:
     ap.add_argument("--tier", default="gpu", choices=("gpu", "cpu"), help="cpu: try the stages out without a GPU")
     ap.add_argument("--gpus", type=int, default=1, help="GPUs visible to the sweep stage")
     ap.add_argument("--parallel", type=int, default=8, help="evaluations in flight per GPU")
+    ap.add_argument("--cpus", type=int, default=0, help="sweep stage on the first N cores only (0: all)")
     ap.add_argument("--problems", default="", help="restrict the sweep stage to these problem ids")
     ap.add_argument("--cold", type=int, default=8, help="evaluations run cold, one at a time, for the ratio")
     ap.add_argument("--stable-problems", default=STABLE_PROBLEMS, help="problems (both DSLs) of the stability runs")
@@ -184,7 +189,8 @@ def main() -> int:
             break
         if stage == "sweep":
             sweep(d / f"sweep_{args.gpus}gpu.jsonl", log, stage="sweep", tier=args.tier, parallel=args.parallel * args.gpus,
-                  warm=True, gpus=args.gpus if args.tier == "gpu" else None, problems=args.problems, deadline=deadline)
+                  warm=True, gpus=args.gpus if args.tier == "gpu" else None, problems=args.problems, deadline=deadline,
+                  cpus=args.cpus or None)
         elif stage == "cold":
             pick = ",".join(args.stable_problems.split(",")[: max(1, args.cold // 2)])
             sweep(d / "cold.jsonl", log, stage="cold", tier=args.tier, parallel=1, warm=False,

@@ -25,7 +25,7 @@ def _write(path: Path, rows: list[dict]) -> None:
 
 
 def _part(stage: str, file: str, gpus: int, wall: float, cut: bool = False) -> dict:
-    return {"stage": stage, "file": file, "gpus": gpus, "parallel": 8 * gpus, "warm": True, "wall_s": wall,
+    return {"stage": stage, "file": file, "gpus": gpus, "cpus": 16 * gpus, "parallel": 8 * gpus, "warm": True, "wall_s": wall,
             "added": 0, "cut": cut}
 
 
@@ -50,17 +50,17 @@ def test_summary_adds_up_parts_and_compares_gpu_counts(tmp_path):
     assert st["03/tirx"]["cv"] == 0 and st["03/tirx"]["load_shift"] == 0
     assert 0.008 < st["03/cutedsl"]["cv"] < 0.009 and st["03/cutedsl"]["load_shift"] == 0.3
     md = (tmp_path / "README.md").read_text()
-    assert "| 1 | 8 | 60 | 60 | 120.0 | 2 | 30.0 | 1.0x |" in md and "**5.0x**" in md
+    assert "| 1 | 16 | 8 | 60 | 60 | 120.0 | 2 | 30.0 | 1.0x |" in md and "**5.0x**" in md
 
 
 def test_cpu_sweep_cut_by_the_deadline_resumes(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "CUTE_DSL_ARCH": "sm_90a"}
     cmd = [sys.executable, str(ROOT / "scripts" / "bench_sweep.py"), "--out", str(tmp_path), "--tier", "cpu",
-           "--problems", "28", "--parallel", "2", "--stage", "sweep"]
+           "--problems", "28", "--parallel", "2", "--stage", "sweep", "--cpus", "1"]
     subprocess.run(cmd + ["--deadline-s", "1"], env=env, check=True, capture_output=True)
     subprocess.run(cmd + ["--deadline-s", "300"], env=env, check=True, capture_output=True)
     parts = bench.parts(tmp_path)
-    assert [p["cut"] for p in parts] == [True, False]
+    assert [p["cut"] for p in parts] == [True, False] and {p["cpus"] for p in parts} == {1}
     assert sum(p["added"] for p in parts) == 2
     rep = bench.summary(tmp_path)
     assert rep["sweeps"][0]["evaluations"] == 2 and rep["sweeps"][0]["calls"] == 2
