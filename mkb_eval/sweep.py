@@ -149,41 +149,88 @@ def _sweep(jobs: list[Job], out: Path, tier: str, gpu: str | None, how: str,
 
 def _run_local(todo: list[Job], tier: str, verify_kwargs: dict[str, Any], parallel: int, n_lanes: int,
                sink: _Sink, warm: bool = False) -> None:
-    """The thread pool; a harness exception ends the sweep (after the jobs already running)."""
+    """The thread pool. On a host with GPUs everything here, and every worker started, keeps off
+    the timing cores (:mod:`mkb_eval.harness.cores`), whatever the tier: a CPU-tier sweep's
+    compilation must not slow another sweep's timed calls. An evaluation short of GPU memory while others
+    share its GPU is run again alone at the end; one the harness fails on is reported, not stored,
+    and the sweep goes on."""
     import contextlib
+    import traceback
     from concurrent.futures import ThreadPoolExecutor
 
+    from mkb_eval.harness.cores import keep_off_timing_cores
     from mkb_eval.harness.lanes import GpuLane
     from mkb_eval.harness.pool import WarmPool
     from mkb_eval.harness.verify import Limits, verify
 
     lanes = [GpuLane(i) for i in range(n_lanes)]
-    workers = WarmPool.for_lanes(tier, n_lanes, parallel, verify_kwargs.get("limits") or Limits(),
-                                 limit=len(todo)) if warm else None
-
     crowded: list[Job] = []
 
-    def one(k: int, job: Job) -> None:
-        g = k % n_lanes
-        rec = verify(job.problem, job.dsl, job.kernel, tier=tier, gpu=g, lane=lanes[g], pool=workers, **verify_kwargs)
-        if parallel > 1 and out_of_memory(rec.to_dict()):
+    def one(k: int, job: Job, alone: bool = False) -> None:
+        g = 0 if alone else k % n_lanes
+        try:
+            rec = verify(job.problem, job.dsl, job.kernel, tier=tier, gpu=g, lane=None if alone else lanes[g],
+                         pool=None if alone else workers, **verify_kwargs).to_dict()
+        except Exception as e:  # noqa: BLE001 - the harness's own failure: this evaluation is retried next run
+            if not alone and parallel > 1 and _oom_text(f"{type(e).__name__}: {e}"):
+                crowded.append(job)    # the judge ran short of GPU memory beside the other evaluations
+                _release_gpu_cache()
+                return
+            sink.failed(job, f"{type(e).__name__}: {e}")
+            traceback.print_exc()
+            return
+        if not alone and parallel > 1 and out_of_memory(rec):
             crowded.append(job)        # GPU memory is shared by the evaluations in flight: not yet the kernel's fault
             return
-        sink.record(rec.to_dict())
+        if alone:
+            rec["flags"].append("retried_alone_after_oom")
+        sink.record(rec)
 
-    with workers or contextlib.nullcontext(), ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
-        for f in [pool.submit(one, k, j) for k, j in enumerate(todo)]:
-            f.result()
-    for job in crowded:                # alone on GPU 0 now: what runs out of memory here is the kernel's doing
-        rec = verify(job.problem, job.dsl, job.kernel, tier=tier, gpu=0, **verify_kwargs)
-        rec.flags.append("retried_alone_after_oom")
-        sink.record(rec.to_dict())
+    with contextlib.ExitStack() as stack:
+        n_gpus = n_lanes if tier == "gpu" else _visible_gpus()
+        if n_gpus:
+            stack.enter_context(keep_off_timing_cores(n_gpus))
+        workers = stack.enter_context(WarmPool.for_lanes(tier, n_lanes, parallel, verify_kwargs.get("limits") or Limits(),
+                                                         limit=len(todo))) if warm else None
+        with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
+            for f in [pool.submit(one, k, j) for k, j in enumerate(todo)]:
+                f.result()
+        for job in crowded:            # alone on GPU 0 now: what runs out of memory here is the kernel's doing
+            _release_gpu_cache()
+            one(0, job, alone=True)
+
+
+_OOM = ("OutOfMemoryError", "out of memory", "cudaErrorMemoryAllocation", "CUBLAS_STATUS_ALLOC_FAILED")
+
+
+def _oom_text(text: str) -> bool:
+    return any(s in text for s in _OOM)
 
 
 def out_of_memory(rec: dict) -> bool:
-    """A GPU evaluation that failed for want of GPU memory."""
-    return rec.get("tier") == "gpu" and rec.get("status") == "runtime_error" and \
-        "OutOfMemoryError" in (rec.get("message") or "")
+    """A GPU evaluation that failed for want of GPU memory (torch's OutOfMemoryError, or the CUDA
+    error an allocation outside torch's allocator raises)."""
+    return rec.get("tier") == "gpu" and rec.get("status") == "runtime_error" and _oom_text(rec.get("message") or "")
+
+
+def _visible_gpus() -> int:
+    try:
+        import torch
+
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:  # noqa: BLE001 - no usable CUDA: no timing cores to keep
+        return 0
+
+
+def _release_gpu_cache() -> None:
+    """Hand this process's cached GPU blocks back, so evaluations that follow find the memory."""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    except Exception:  # noqa: BLE001 - a failing release must not end the sweep
+        pass
 
 
 def _f(x: Any, spec: str = ".4f") -> str:

@@ -56,8 +56,11 @@ def test_eager_baseline_reuse_has_its_own_file_and_failures_raise(tmp_path):
 
 
 def test_out_of_memory_beside_other_evaluations_is_retried_alone(monkeypatch):
-    """Evaluations in flight share the GPU's memory: a kernel that ran out of it there is evaluated
-    again alone before a verdict is stored, and the record says so; other failures are stored as they are."""
+    """Evaluations in flight share the GPU's memory: a kernel (or the judge) that ran out of it there
+    is evaluated again alone before a verdict is stored, and the record says so; other failures are
+    stored as they are, and a harness exception is reported, not stored, without ending the sweep."""
+    import torch
+
     from mkb_eval import problems as P
     from mkb_eval import sweep as S
     from mkb_eval.harness import verify as V
@@ -76,6 +79,12 @@ def test_out_of_memory_beside_other_evaluations_is_retried_alone(monkeypatch):
         calls.append((problem.id, dsl, lane is None))
         if problem.id == 28 and lane is not None:          # crowded: out of memory
             return Rec(S.Job(problem, dsl, kernel), "runtime_error", "torch.OutOfMemoryError: CUDA out of memory")
+        if problem.id == 29 and lane is not None:          # raised by make_inputs outside torch's allocator
+            return Rec(S.Job(problem, dsl, kernel), "runtime_error", "torch.AcceleratorError: CUDA error: out of memory")
+        if problem.id == 30 and lane is not None:          # the judge itself ran short
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 11.25 GiB")
+        if problem.id == 31:
+            raise KeyError("a harness bug")
         if problem.id == 36:
             return Rec(S.Job(problem, dsl, kernel), "runtime_error", "RuntimeError: boom")
         return Rec(S.Job(problem, dsl, kernel), "ok")
@@ -83,15 +92,20 @@ def test_out_of_memory_beside_other_evaluations_is_retried_alone(monkeypatch):
     monkeypatch.setattr(V, "verify", fake_verify)
 
     class Sink:
-        recs = []
+        recs, failures = [], []
 
         def record(self, r):
             self.recs.append(r)
 
-    jobs = S.shipped_jobs([P.find(28), P.find(36), P.find(1)], ["tirx"])
+        def failed(self, job, error):
+            self.failures.append((job.problem.id, error))
+
+    jobs = S.shipped_jobs([P.find(i) for i in (28, 29, 30, 31, 36, 1)], ["tirx"])
     sink = Sink()
     S._run_local(jobs, "gpu", {}, parallel=3, n_lanes=2, sink=sink)
     by = {r["problem_id"]: r for r in sink.recs}
-    assert len(sink.recs) == 3 and by[28]["status"] == "ok" and by[28]["flags"] == ["retried_alone_after_oom"]
+    assert len(sink.recs) == 5 and all(by[i]["status"] == "ok" and by[i]["flags"] == ["retried_alone_after_oom"]
+                                       for i in (28, 29, 30))
     assert by[36]["status"] == "runtime_error" and by[36]["flags"] == []
+    assert sink.failures == [(31, "KeyError: 'a harness bug'")]
     assert calls.count((28, "tirx", True)) == 1                     # the retry ran without a shared lane

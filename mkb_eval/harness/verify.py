@@ -27,6 +27,7 @@ from typing import Any
 
 from mkb_eval import problems as P
 from mkb_eval.env import describe
+from mkb_eval.harness import cores
 from mkb_eval.harness.channel import read_messages
 from mkb_eval.harness.lanes import GpuLane
 from mkb_eval.harness.policy import check_source
@@ -325,24 +326,16 @@ def _worker_path(path: Path, user: str | None) -> Path:
 
 
 def _cores(gpu: int) -> tuple[int | None, list[int] | None]:
-    """(the core kept for GPU ``gpu``'s timed phase, the cores for all other worker work).
-
-    The last core per visible GPU stays free of start-up, compilation and correctness work, so
-    a timed host call path has a core of its own; everything else spreads over the rest. (All
-    workers once pinned themselves to one shared core: 8 in flight made start-up 8x slower.)
-    Nothing is pinned on a host with fewer than 4 cores per GPU.
-    """
+    """(the core kept for GPU ``gpu``'s timed phase, the cores for all other worker work); see
+    :mod:`mkb_eval.harness.cores`. (All workers once pinned themselves to one shared core: 8 in
+    flight made start-up 8x slower.)"""
     import torch
 
-    try:
-        cores = sorted(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return None, None
     n = max(1, torch.cuda.device_count())
-    if len(cores) < 4 * n or gpu >= n:
+    p = cores.plan(n)
+    if p is None or gpu >= n:
         return None, None
-    reserved = cores[-n:]
-    return cores[-1 - gpu], [c for c in cores if c not in reserved]
+    return p[0][gpu], p[1]
 
 
 @contextlib.contextmanager

@@ -45,8 +45,10 @@ def test_exclusive_never_overlaps_shared():
 def test_each_gpu_keeps_a_timing_core_that_other_work_avoids(monkeypatch):
     import torch
 
+    from mkb_eval.harness import cores
     from mkb_eval.harness import verify as V
 
+    monkeypatch.setattr(cores, "smt_siblings", lambda c: {c})
     monkeypatch.setattr(V.os, "sched_getaffinity", lambda pid: set(range(32)), raising=False)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     assert V._cores(0) == (31, list(range(30)))
