@@ -4,6 +4,7 @@ and timing stability (the same solutions swept 3 times, then once more under a c
 
     python scripts/bench_sweep.py --out DIR --stage sweep --gpus 1 [--parallel 8] [--deadline-s 560]
     python scripts/bench_sweep.py --out DIR --stage cold,stable,summary
+    python scripts/bench_sweep.py --out DIR --stage spread --records a.jsonl,b.jsonl,c.jsonl
 
 Stages keep their state in DIR and resume, so a benchmark longer than one device call runs as
 several calls: a sweep cut by the deadline continues where it stopped (its wall time is the sum
@@ -64,6 +65,7 @@ def sweep(out: Path, log: Path, *, stage: str, tier: str, parallel: int, warm: b
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(gpus))
     cores = sorted(os.sched_getaffinity(0))[:cpus] if cpus else None
     before = len(records(out))
+    cpu0 = cpu_times()
     t0 = time.perf_counter()
     try:
         subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, check=False, timeout=max(1.0, deadline - time.time()),
@@ -71,13 +73,26 @@ def sweep(out: Path, log: Path, *, stage: str, tier: str, parallel: int, warm: b
         cut = False
     except subprocess.TimeoutExpired:
         cut = True
+    cpu1 = cpu_times()
+    total = sum(cpu1) - sum(cpu0)
     part = {"stage": stage, "file": out.name, "gpus": gpus, "cpus": len(cores) if cores else os.cpu_count(),
             "parallel": parallel, "warm": warm,
+            "steal": round((cpu1[7] - cpu0[7]) / total, 4) if total > 0 and len(cpu1) > 7 else None,
             "wall_s": round(time.perf_counter() - t0, 1), "added": len(records(out)) - before, "cut": cut,
             "at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     append_jsonl(log, part)
     print(json.dumps(part), flush=True)
     return part
+
+
+def cpu_times() -> list[int]:
+    """The host's CPU time counters (/proc/stat "cpu" line; the 8th is steal: time a virtual
+    machine's CPUs waited for the hypervisor), or [] where there are none."""
+    try:
+        with open("/proc/stat") as f:
+            return [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return []
 
 
 def stage_means(recs: list[dict]) -> dict[str, float]:
@@ -124,15 +139,24 @@ def summary(d: Path) -> dict:
             xs = [run[kk]["kernel_ms"] for run in runs[:3] if kk in run]
             if len(xs) < 3:
                 continue
-            m = statistics.mean(xs)
-            load = runs[3].get(kk, {}).get("kernel_ms")
-            stab[kk] = {"medians_ms": xs, "cv": round(statistics.pstdev(xs) / m, 4),
-                        "device_ms": [run[kk].get("kernel_device_ms") for run in runs[:3]],
-                        "under_load_ms": load, "load_shift": None if load is None else round(load / m - 1, 4)}
+            stab[kk] = {"medians_ms": xs, **_spread(xs, runs[3].get(kk, {}).get("kernel_ms"))}
+            ds = [run[kk].get("kernel_device_ms") for run in runs[:3]]
+            if all(ds):     # the GPU time alone (CUPTI), which leaves the host call path out
+                dev = _spread(ds, runs[3].get(kk, {}).get("kernel_device_ms"))
+                stab[kk].update(device_ms=ds, device_cv=dev["cv"], device_under_load_ms=dev["under_load_ms"],
+                                device_load_shift=dev["load_shift"])
         report["stability"] = stab
+        report["stability_steal"] = [p.get("steal") for p in ps if p["stage"] == "stable"]
     (d / "report.json").write_text(json.dumps(report, indent=1))
     (d / "README.md").write_text(markdown(report))
     return report
+
+
+def _spread(xs: list[float], load: float | None) -> dict:
+    """Coefficient of variation of three medians, and how far the one under load moved from their mean."""
+    m = statistics.mean(xs)
+    return {"cv": round(statistics.pstdev(xs) / m, 4), "under_load_ms": load,
+            "load_shift": None if load is None else round(load / m - 1, 4)}
 
 
 def markdown(report: dict) -> str:
@@ -155,21 +179,72 @@ def markdown(report: dict) -> str:
                       f"→ **{c['ratio']}x**."]
     if report.get("stability"):
         lines += ["", "Timing stability: the same solutions swept 3 times on 1 GPU, then a 4th time beside a "
-                      "CPU-tier sweep compiling every shipped solution.", "",
-                  "| solution | medians ms (3 sweeps) | CV | device ms | under compile load ms | shift |",
-                  "|---|---|---:|---|---:|---:|"]
+                      "CPU-tier sweep compiling every shipped solution. The median is event-timed around each call "
+                      "(host call path included, as the verifier reports it); the device time is the GPU time alone "
+                      "(CUPTI, mean of 3 calls).", "",
+                  "| solution | medians ms (3 sweeps) | CV | under load ms | shift | device ms (3 sweeps) | device CV | "
+                  "device shift under load |", "|---|---|---:|---:|---:|---|---:|---:|"]
         for kk, v in report["stability"].items():
             lines.append(f"| {kk} | {', '.join(f'{x:.4f}' for x in v['medians_ms'])} | {v['cv']:.4f} | "
-                         f"{', '.join('-' if x is None else f'{x:.4f}' for x in v['device_ms'])} | "
-                         f"{'-' if v['under_load_ms'] is None else format(v['under_load_ms'], '.4f')} | "
-                         f"{'-' if v['load_shift'] is None else format(v['load_shift'], '+.4f')} |")
+                         f"{_f(v['under_load_ms'], '.4f')} | {_f(v['load_shift'], '+.4f')} | "
+                         f"{', '.join(_f(x, '.4f') for x in v.get('device_ms') or [])} | {_f(v.get('device_cv'), '.4f')} | "
+                         f"{_f(v.get('device_load_shift'), '+.4f')} |")
+        big = [v for v in report["stability"].values()       # the kernel's size: its GPU time where known
+               if statistics.mean(v.get("device_ms") or v["medians_ms"]) > 0.05]
+        dev = [v for v in big if v.get("device_cv") is not None]
+        lines += ["", f"Kernels above 50 µs: CV ≤ 1% for {sum(v['cv'] <= 0.01 for v in big)} of {len(big)} event-timed "
+                      f"medians and {sum(v['device_cv'] <= 0.01 for v in dev)} of {len(dev)} device times."]
+        steal = [x for x in report.get("stability_steal") or [] if x is not None]
+        if steal:
+            lines[-1] += f" CPU steal during these sweeps: {', '.join(f'{100 * x:.1f}%' for x in steal)}."
+        loaded = [v for v in big if v["load_shift"] is not None]
+        if loaded:
+            lines[-1] += (f" Under load within 1%: {sum(abs(v['load_shift']) <= 0.01 for v in loaded)} of {len(loaded)} "
+                          f"medians, {sum(abs(v['device_load_shift'] or 9) <= 0.01 for v in loaded)} device times.")
     return "\n".join(lines) + "\n"
+
+
+def spread(d: Path, files: list[Path]) -> dict:
+    """Run-to-run spread of every kernel passing in all of ``files`` (full sweeps of the same kernels):
+    CV of the event-timed median and of the device time, by the kernel's device time; writes
+    spread.json and spread.png (CV against device time, both measures, the 1% goal drawn) in ``d``."""
+    runs = [{key(r): r["timing"] for r in records(f) if r["status"] == "ok"} for f in files]
+    rows = []
+    for kk in sorted(set.intersection(*(set(r) for r in runs))):
+        xs, ds = [r[kk]["kernel_ms"] for r in runs], [r[kk].get("kernel_device_ms") for r in runs]
+        if all(ds):
+            rows.append({"kernel": kk, "device_ms": round(statistics.mean(ds), 5),
+                         "cv": _spread(xs, None)["cv"], "device_cv": _spread(ds, None)["cv"]})
+    big = [r for r in rows if r["device_ms"] > 0.05]
+    out = {"files": [f.name for f in files], "kernels": len(rows), "above_50us": len(big),
+           "cv_within_1pct": sum(r["cv"] <= 0.01 for r in big),
+           "device_cv_within_1pct": sum(r["device_cv"] <= 0.01 for r in big), "rows": rows}
+    (d / "spread.json").write_text(json.dumps(out, indent=1))
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7, 4.2))
+    ax = fig.subplots()
+    for k, label, m in (("cv", "event-timed median (host call path included)", "o"), ("device_cv", "device time", "x")):
+        ax.scatter([r["device_ms"] for r in rows], [max(r[k], 1e-4) * 100 for r in rows], s=14, marker=m, label=label)
+    ax.axhline(1.0, color="k", lw=0.8, ls="--")
+    ax.axvline(0.05, color="grey", lw=0.8, ls=":")
+    ax.set(xscale="log", yscale="log", xlabel="kernel device time (ms)", ylabel="CV across sweeps (%)",
+           title=f"Run-to-run spread over {len(files)} full sweeps ({len(rows)} kernels)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(d / "spread.png", dpi=110)
+    return out
+
+
+def _f(x: float | None, spec: str) -> str:
+    return "-" if x is None else format(x, spec)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="docs/bench_sweep")
-    ap.add_argument("--stage", default="sweep,cold,stable,summary", help="comma list of sweep, cold, stable, summary")
+    ap.add_argument("--stage", default="sweep,cold,stable,summary",
+                    help="comma list of sweep, cold, stable, summary, spread (no GPU: compares --records)")
     ap.add_argument("--tier", default="gpu", choices=("gpu", "cpu"), help="cpu: try the stages out without a GPU")
     ap.add_argument("--gpus", type=int, default=1, help="GPUs visible to the sweep stage")
     ap.add_argument("--parallel", type=int, default=8, help="evaluations in flight per GPU")
@@ -177,6 +252,7 @@ def main() -> int:
     ap.add_argument("--problems", default="", help="restrict the sweep stage to these problem ids")
     ap.add_argument("--cold", type=int, default=8, help="evaluations run cold, one at a time, for the ratio")
     ap.add_argument("--stable-problems", default=STABLE_PROBLEMS, help="problems (both DSLs) of the stability runs")
+    ap.add_argument("--records", default="", help="stage spread: comma list of full-sweep record files to compare")
     ap.add_argument("--deadline-s", type=float, default=560, help="seconds this invocation may run")
     args = ap.parse_args()
     d = Path(args.out)
@@ -219,6 +295,10 @@ def main() -> int:
                     if load is not None:
                         load.kill()
                         load.wait()
+        elif stage == "spread":
+            rep = spread(d, [Path(f) for f in args.records.split(",") if f])
+            print(f"{rep['above_50us']} kernels above 50 µs: CV <= 1% for {rep['cv_within_1pct']} event-timed medians, "
+                  f"{rep['device_cv_within_1pct']} device times", flush=True)
         elif stage == "summary":
             print(markdown(summary(d)), flush=True)
         else:

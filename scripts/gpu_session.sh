@@ -60,7 +60,8 @@ case "$stage" in
     preflight
     timeout $((budget + 30)) python3 scripts/bench_sweep.py --out "$MKB_STATE/bench" --deadline-s "$budget" "$@" \
       >> "$MKB_STATE/bench.log" 2>&1
-    tail -30 "$MKB_STATE/bench.log"; cp "$MKB_STATE/bench.log" "$OUT/"; tar czf "$OUT/bench.tgz" -C "$MKB_STATE" bench ;;
+    tail -30 "$MKB_STATE/bench.log"; sed "s#$PWD/#<repo>/#g" "$MKB_STATE/bench.log" > "$OUT/bench.log"   # no machine paths
+    tar czf "$OUT/bench.tgz" -C "$MKB_STATE" bench ;;
   safety)
     timeout "$budget" python3 -m mkb_eval.cli safety --tier gpu --md "$OUT/safety_gpu.md" "$@" > "$OUT/safety.log" 2>&1
     tail -25 "$OUT/safety.log" ;;

@@ -49,8 +49,10 @@ def test_summary_adds_up_parts_and_compares_gpu_counts(tmp_path):
     st = rep["stability"]
     assert st["03/tirx"]["cv"] == 0 and st["03/tirx"]["load_shift"] == 0
     assert 0.008 < st["03/cutedsl"]["cv"] < 0.009 and st["03/cutedsl"]["load_shift"] == 0.3
+    assert st["03/cutedsl"]["device_cv"] == st["03/cutedsl"]["cv"] and st["03/cutedsl"]["device_load_shift"] == 0.3
     md = (tmp_path / "README.md").read_text()
     assert "| 1 | 16 | 8 | 60 | 60 | 120.0 | 2 | 30.0 | 1.0x |" in md and "**5.0x**" in md
+    assert "CV ≤ 1% for 2 of 2 event-timed medians and 2 of 2 device times. Under load within 1%: 1 of 2 medians" in md
 
 
 def test_cpu_sweep_cut_by_the_deadline_resumes(tmp_path):
@@ -61,7 +63,20 @@ def test_cpu_sweep_cut_by_the_deadline_resumes(tmp_path):
     subprocess.run(cmd + ["--deadline-s", "300"], env=env, check=True, capture_output=True)
     parts = bench.parts(tmp_path)
     assert [p["cut"] for p in parts] == [True, False] and {p["cpus"] for p in parts} == {1}
+    assert all(p["steal"] is None or 0 <= p["steal"] < 1 for p in parts)
     assert sum(p["added"] for p in parts) == 2
     rep = bench.summary(tmp_path)
     assert rep["sweeps"][0]["evaluations"] == 2 and rep["sweeps"][0]["calls"] == 2
     assert rep["sweeps"][0]["wall_s"] == round(parts[0]["wall_s"] + parts[1]["wall_s"], 1)
+
+
+def test_spread_compares_full_sweeps_by_kernel_size(tmp_path):
+    files = []
+    for k, ms in enumerate((1.00, 1.03, 0.97)):
+        f = tmp_path / f"s{k}.jsonl"
+        _write(f, [_rec(1, "tirx", ms), _rec(2, "tirx", 0.04), _rec(3, "tirx", 2.0, "incorrect" if k else "ok")])
+        files.append(f)
+    rep = bench.spread(tmp_path, files)
+    assert rep["kernels"] == 2 and rep["above_50us"] == 1           # 3 failed once; 2 is 36 µs on the GPU
+    assert rep["cv_within_1pct"] == 0 and rep["device_cv_within_1pct"] == 0
+    assert (tmp_path / "spread.png").stat().st_size > 1000
