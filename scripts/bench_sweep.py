@@ -32,8 +32,8 @@ sys.path.insert(0, str(ROOT))
 from mkb_eval.harness.verify import default_cache_dir  # noqa: E402
 from mkb_eval.records import append_jsonl, read_jsonl  # noqa: E402
 
-STAGES = ("worker_start", "worker_phase1", "judge_correctness", "worker_timing", "eager_baseline",
-          "compile_baseline", "judge_rechecks", "total")
+STAGES = ("worker_start", "worker_phase1", "compile_lane_wait", "judge_correctness", "worker_timing",
+          "eager_baseline", "compile_baseline", "judge_rechecks", "total")
 STABLE_PROBLEMS = "3,22,33,46,55,70"       # one problem of each family, kernels of 0.1-5 ms
 
 

@@ -9,9 +9,10 @@ is tolerated and removed, since models add them by habit.
 
 from __future__ import annotations
 
-import ast
 import re
 from dataclasses import dataclass
+
+from mkb_eval.harness.policy import parse_python
 
 KERNEL_TAG = "kernel.py"
 SKILL_TAG = "SKILL.md"
@@ -78,7 +79,7 @@ def parse_answer(text: str, *, max_kernel_bytes: int = 300_000) -> Answer | Malf
     if size > max_kernel_bytes:
         return Malformed(f"kernel.py is {size} bytes, over the limit of {max_kernel_bytes}")
     try:
-        ast.parse(kernel, filename="kernel.py")
+        parse_python(kernel)
     except SyntaxError as e:
         line = (e.text or "").strip()
         where = f"line {e.lineno}" + (f" ({line[:80]!r})" if line else "")

@@ -23,18 +23,24 @@ class GpuLane:
         self._exclusive = False
         self._waiting_exclusive = 0
 
-    @contextlib.contextmanager
-    def shared(self) -> Iterator[None]:
+    def acquire_shared(self) -> None:
         with self._cond:
             while self._exclusive or self._waiting_exclusive:
                 self._cond.wait()
             self._shared += 1
+
+    def release_shared(self) -> None:
+        with self._cond:
+            self._shared -= 1
+            self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def shared(self) -> Iterator[None]:
+        self.acquire_shared()
         try:
             yield
         finally:
-            with self._cond:
-                self._shared -= 1
-                self._cond.notify_all()
+            self.release_shared()
 
     @contextlib.contextmanager
     def exclusive(self) -> Iterator[None]:

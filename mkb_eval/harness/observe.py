@@ -4,7 +4,9 @@ Installed before the candidate is imported. Every entry point through which a co
 function or a TVM module function runs is wrapped at class level, so functions cached by the
 candidate are observed too. ``launches`` counts outermost calls; while ``suppressed`` is set the
 calls return without running anything (the DSL-dependence draw). The CPU tier uses the same
-switch, since a compiled kernel cannot run without a GPU.
+switch, since a compiled kernel cannot run without a GPU. The DSLs' compile entry points
+(``cute.compile``, ``tvm.compile``) call ``on_compile("start" | "end")`` around an outermost compile
+on the main thread when set: the worker uses it to hand its GPU lane back while it only compiles.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ class LaunchLog:
         self.suppressed = False
         self.compiled: dict[str, int] = {"cutedsl": 0, "tirx": 0}
         self.artifacts: list[dict[str, Any]] = []
+        self.on_compile: Callable[[str], None] | None = None
 
     def total(self, dsl: str | None = None) -> int:
         return sum(self.counts.values()) if dsl is None else self.counts[dsl]
@@ -54,6 +57,25 @@ def _wrap_call(dsl: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     return observed
 
 
+def compiling(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` (a DSL compile entry point) announcing its outermost main-thread calls to ``LOG.on_compile``."""
+    def announced(*args: Any, **kwargs: Any) -> Any:
+        hook = LOG.on_compile
+        if hook is None or getattr(_state, "compiling", False) or threading.current_thread() is not threading.main_thread():
+            return fn(*args, **kwargs)
+        _state.compiling = True
+        hook("start")
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _state.compiling = False
+            hook("end")
+
+    announced.__wrapped__ = fn  # type: ignore[attr-defined]
+    announced._mkb_observed = True  # type: ignore[attr-defined]
+    return announced
+
+
 def _patch(cls: type, name: str, dsl: str) -> None:
     fn = cls.__dict__.get(name)
     if fn is None or getattr(fn, "_mkb_observed", False):
@@ -82,6 +104,10 @@ def install_cutedsl() -> None:
             _patch(cls, "run_compiled_program", "cutedsl")
     # compiled functions are counted when created, to tell "never compiled" from "never called"
     _count_creation(je.JitCompiledFunction, "cutedsl")
+    from cutlass.base_dsl.compiler import CompileCallable    # cute.compile and cute.compile[options]
+
+    if not getattr(CompileCallable._compile, "_mkb_observed", False):
+        CompileCallable._compile = compiling(CompileCallable._compile)  # type: ignore[method-assign]
 
 
 def _count_creation(cls: type, dsl: str) -> None:
@@ -163,8 +189,7 @@ def install_tirx() -> None:
             LOG.artifacts.append({"dsl": "tirx", "executable": exe})
             return exe
 
-        counted_compile._mkb_observed = True  # type: ignore[attr-defined]
-        tvm.compile = counted_compile  # type: ignore[assignment]
+        tvm.compile = compiling(counted_compile)  # type: ignore[assignment]
 
 
 _PRELOAD = {

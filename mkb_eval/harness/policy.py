@@ -8,6 +8,7 @@ dynamic checks (observed DSL launches, the DSL-dependence draw, tamper checks) b
 from __future__ import annotations
 
 import ast
+import threading
 from dataclasses import dataclass
 
 # module prefixes → flag
@@ -94,10 +95,20 @@ def _dotted(node: ast.AST) -> str:
     return ".".join(reversed(parts))
 
 
+_PARSE_LOCK = threading.Lock()
+
+
+def parse_python(source: str, filename: str = "kernel.py") -> ast.Module:
+    """``ast.parse``, one thread at a time: CPython 3.11's parser is not thread-safe (parses in a
+    sweep's threads raised "SystemError: AST constructor recursion depth mismatch")."""
+    with _PARSE_LOCK:
+        return ast.parse(source, filename=filename)
+
+
 def check_source(source: str, filename: str = "kernel.py") -> PolicyResult:
     """Flag forbidden or suspicious constructs in a candidate's source."""
     try:
-        tree = ast.parse(source, filename=filename)
+        tree = parse_python(source, filename)
     except SyntaxError as e:
         return PolicyResult(("syntax_error",), (f"line {e.lineno}: {e.msg}",))
     found: dict[str, list[str]] = {}

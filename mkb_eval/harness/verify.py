@@ -20,7 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -153,13 +153,16 @@ class _Worker:
             self._channel_seen = (st.st_size, st.st_mtime_ns)
         return self._messages
 
-    def wait_for(self, kinds: tuple[str, ...], timeout: float) -> tuple[dict[str, Any] | None, str]:
-        """The first message of one of ``kinds`` (a kind, or a progress stage); else (None, 'timeout' | 'exited')."""
+    def wait_for(self, kinds: tuple[str, ...], timeout: float,
+                 unless: Callable[[dict[str, Any]], bool] | None = None) -> tuple[dict[str, Any] | None, str]:
+        """The first message of one of ``kinds`` (a kind, or a progress stage) that ``unless`` does not
+        rule out (e.g. one already handled); else (None, 'timeout' | 'exited')."""
         deadline = time.monotonic() + timeout
 
         def found() -> dict[str, Any] | None:
             for m in self.messages():
-                if m.get("kind") in kinds or (m.get("kind") == "progress" and m.get("stage") in kinds):
+                if (m.get("kind") in kinds or (m.get("kind") == "progress" and m.get("stage") in kinds)) and \
+                        not (unless and unless(m)):
                     return m
             return None
 
@@ -440,16 +443,16 @@ def _run_gpu(rec: VerificationRecord, prob: P.Problem, dsl: str, w: _Worker, siz
         if not msg or msg["kind"] == "final":
             _fail_from_worker(rec, w, how, limits.correctness_s)
             return
-        with lane.shared():
-            w.open_gate(True)
-            t0 = time.perf_counter()
-            msg, how = w.wait_for(("phase1", "final"), limits.correctness_s)
-            rec.stages_s["worker_phase1"] = round(time.perf_counter() - t0, 3)
+        held = _Held(lane)
+        try:
+            msg, how = _phase1(w, held, limits.correctness_s, rec)
             if not msg or msg["kind"] == "final":
                 _fail_from_worker(rec, w, how, limits.correctness_s)
                 return
             if not _judge_phase1(rec, judge, job, msg, out):
                 return
+        finally:
+            held.release()
         with lane.exclusive():
             w.open_gate(True)
             t0 = time.perf_counter()
@@ -507,6 +510,52 @@ def _physical_gpu(index: int) -> str:
     """The CUDA_VISIBLE_DEVICES entry for this process's GPU ``index`` (respects an inherited mask)."""
     mask = [x for x in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if x.strip()]
     return mask[index] if index < len(mask) else str(index)
+
+
+class _Held:
+    """This evaluation's shared hold on its GPU lane, which phase 1 gives back while the worker compiles."""
+
+    def __init__(self, lane: GpuLane) -> None:
+        self.lane, self.held, self.waited = lane, False, 0.0
+        self.acquire()
+
+    def acquire(self) -> None:
+        if not self.held:
+            t0 = time.perf_counter()
+            self.lane.acquire_shared()
+            self.held, self.waited = True, self.waited + time.perf_counter() - t0
+
+    def release(self) -> None:
+        if self.held:
+            self.lane.release_shared()
+            self.held = False
+
+
+def _phase1(w: _Worker, held: _Held, budget: float, rec: VerificationRecord) -> tuple[dict[str, Any] | None, str]:
+    """Open gate 1 and wait for the worker's phase-1 report. Between a compile's start and end the lane
+    is given back (compiling is CPU work; timing on this GPU need not wait for it); the worker resumes
+    only once it is held again. Time spent waiting for the lane does not count against ``budget``."""
+    w.open_gate(True)
+    t0, seen, held.waited = time.perf_counter(), 0, 0.0
+    while True:
+        left = budget + held.waited - (time.perf_counter() - t0)
+        if left <= 0:
+            msg, how = None, "timeout"
+            break
+        msg, how = w.wait_for(("phase1", "final", "lane"), left, unless=lambda m: m.get("kind") == "lane" and (
+            not isinstance(m.get("n"), int) or m["n"] <= seen))
+        if not msg or msg["kind"] != "lane":
+            break
+        seen = msg["n"]
+        if msg.get("want") == "release":
+            held.release()
+        else:
+            held.acquire()
+            w.open_gate(True)
+    rec.stages_s["worker_phase1"] = round(time.perf_counter() - t0, 3)
+    if seen:
+        rec.stages_s["compile_lane_wait"] = round(held.waited, 3)
+    return msg, how
 
 
 def _judge_phase1(rec: VerificationRecord, judge: Any, job: dict[str, Any], msg: dict[str, Any], out: Path) -> bool:

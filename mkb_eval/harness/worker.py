@@ -179,6 +179,20 @@ def run(job: dict[str, Any], chan: Channel, progress: Any) -> dict[str, Any]:
         return {"status": "stopped", "message": "stopped by the parent before phase 1"}
 
     # ---- phase 1: correctness draws --------------------------------------------------------
+    # a compile (CPU work) hands the GPU lane back, so timing elsewhere on this GPU need not wait
+    # for it; after the compile the worker waits until the parent holds the lane for it again
+    lane_events = 0
+
+    def on_compile(event: str) -> None:
+        nonlocal lane_events
+        lane_events += 1
+        if event == "start":
+            clock.synchronize()                           # nothing of ours left queued on the GPU
+        chan.send(kind="lane", n=lane_events, want="release" if event == "start" else "shared")
+        if event == "end" and os.read(job["gate_fd"], 2) != b"go":
+            os._exit(0)                                   # the parent stopped this evaluation
+
+    log.on_compile = on_compile
     draws: list[dict[str, Any]] = []
     prev: list[Any] | None = None
     t_corr = time.perf_counter()
@@ -228,6 +242,7 @@ def run(job: dict[str, Any], chan: Channel, progress: Any) -> dict[str, Any]:
     except BaseException as e:  # noqa: BLE001
         raise Stop("runtime_error", "the CUDA context failed after the DSL-dependence draw: " + _format_exc(e)) from None
 
+    log.on_compile = None                # compiles from here on (in timing) are the candidate's time
     progress("profiler_warmup")        # CUPTI start-up is paid here, outside the exclusive timing lane
     device_time_ms(lambda: torch.ones(1, device=device).add_(1), [[]])
     chan.send(kind="phase1", stage="correctness", draws=draws, nodsl=nodsl, poisoned_bytes=poisoned,

@@ -44,3 +44,18 @@ def test_missing_solve_flag():
 
 def test_syntax_error_flag():
     assert check_source("def solve(x)\n  return x").flags == ("syntax_error",)
+
+
+def test_parses_run_one_thread_at_a_time():
+    """CPython 3.11's parser is not thread-safe; sweeps check sources from many threads."""
+    import threading
+
+    from mkb_eval.harness import policy
+
+    done = threading.Event()
+    with policy._PARSE_LOCK:
+        t = threading.Thread(target=lambda: (policy.check_source("def solve(x):\n    return x\n"), done.set()))
+        t.start()
+        assert not done.wait(0.3)                  # waits for the parse lock
+    t.join(5)
+    assert done.is_set()

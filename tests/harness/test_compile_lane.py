@@ -1,0 +1,114 @@
+"""A worker hands its GPU lane back while it compiles: the DSLs' compile entry points announce an
+outermost main-thread compile, and the parent releases the lane meanwhile, holds it again before
+the worker goes on, and does not count the wait against the worker's phase-1 budget."""
+
+import threading
+import time
+
+from mkb_eval.harness import observe
+from mkb_eval.harness import verify as V
+from mkb_eval.harness.lanes import GpuLane
+
+
+def test_compiling_announces_outermost_main_thread_compiles_only(monkeypatch):
+    events: list[str] = []
+    monkeypatch.setattr(observe.LOG, "on_compile", events.append)
+    inner = observe.compiling(lambda: "inner")
+    outer = observe.compiling(lambda: inner() + "+outer")
+    assert outer() == "inner+outer" and events == ["start", "end"]
+    t = threading.Thread(target=outer)
+    t.start()
+    t.join()
+    assert events == ["start", "end"]                     # another thread's compile keeps the lane
+
+    def fails():
+        raise ValueError("bad kernel")
+
+    try:
+        observe.compiling(fails)()
+    except ValueError:
+        pass
+    assert events == ["start", "end", "start", "end"]     # the lane is asked for again after a failure
+
+
+def test_tvm_compile_is_announced(monkeypatch):
+    import tvm
+    from tvm.script import tirx as T
+
+    observe.install("tirx")
+
+    @T.prim_func
+    def add_one(a: T.Buffer((8,), "float32"), b: T.Buffer((8,), "float32")):
+        for i in range(8):
+            b[i] = a[i] + T.float32(1)
+
+    events: list[str] = []
+    monkeypatch.setattr(observe.LOG, "on_compile", events.append)
+    tvm.compile(add_one, target="llvm")
+    assert events == ["start", "end"]
+
+
+def test_cute_compile_entry_point_is_wrapped():
+    observe.install("cutedsl")
+    from cutlass.base_dsl.compiler import CompileCallable
+
+    assert getattr(CompileCallable._compile, "_mkb_observed", False)
+
+
+class _FakeWorker:
+    """The parent's view of a worker (its messages and gate) driven by a script in a thread."""
+
+    def __init__(self) -> None:
+        self.msgs: list[dict] = []
+        self.gates: list[float] = []
+        self.proc = type("P", (), {"poll": staticmethod(lambda: None)})()
+
+    def messages(self):
+        return list(self.msgs)
+
+    def _watch(self):
+        pass
+
+    def open_gate(self, go):
+        self.gates.append(time.monotonic())
+
+    wait_for = V._Worker.wait_for
+
+
+def test_phase1_gives_the_lane_back_while_the_worker_compiles():
+    lane, w, rec = GpuLane(0), _FakeWorker(), V.VerificationRecord(
+        status="crashed", problem_id=28, problem="p", problem_hash="h", dsl="tirx", kernel_sha256="k", tier="gpu",
+        size="full", created_at="now")
+    timed: dict[str, float] = {}
+
+    def other_evaluation_times():                         # wants the GPU to itself while this one compiles
+        with lane.exclusive():
+            timed["start"] = time.monotonic()
+            time.sleep(0.3)
+            timed["end"] = time.monotonic()
+
+    def worker_script():
+        while not w.gates:
+            time.sleep(0.01)
+        w.msgs.append({"kind": "lane", "n": 1, "want": "release"})
+        t = threading.Thread(target=other_evaluation_times)
+        t.start()
+        while "start" not in timed:
+            time.sleep(0.01)
+        w.msgs.append({"kind": "lane", "n": 2, "want": "shared"})
+        while len(w.gates) < 2:
+            time.sleep(0.01)
+        w.msgs.append({"kind": "phase1", "draws": []})
+        t.join()
+
+    script = threading.Thread(target=worker_script)
+    script.start()
+    held = V._Held(lane)
+    try:
+        msg, how = V._phase1(w, held, budget=0.2, rec=rec)   # the 0.3 s lane wait is not the worker's
+    finally:
+        held.release()
+    script.join()
+    assert msg["kind"] == "phase1" and how == "message"
+    assert w.gates[1] >= timed["end"]                     # the worker went on only after the timing ended
+    assert rec.stages_s["compile_lane_wait"] >= 0.2
