@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -114,15 +115,19 @@ def _sweep(args: argparse.Namespace, limits: Any) -> int:
         except ImportError as e:
             print(f"mkb verify: {e}", file=sys.stderr)
             return 2
-    sweep.run_sweep(jobs, out, tier=args.tier, parallel=args.parallel, executor=args.executor,
-                    address=args.address, warm=args.warm, verify_kwargs={
+    t0 = time.perf_counter()
+    new = sweep.run_sweep(jobs, out, tier=args.tier, parallel=args.parallel, executor=args.executor,
+                          address=args.address, warm=args.warm, verify_kwargs={
         "size": args.size, "limits": limits, "compile_baseline": _compile_mode(args),
         "reuse_eager": args.reuse_eager_baseline})
+    wall = time.perf_counter() - t0
     from mkb_eval.records import read_jsonl
 
     recs = [r for r in sweep.latest(read_jsonl(out) if out.exists() else []) if (r["problem_id"], r["dsl"]) in
             {(j.problem.id, j.dsl) for j in jobs}]
     print(sweep.markdown_table(recs))
+    if new:
+        print("Where this run's time went:\n\n" + sweep.stage_table(new, wall))
     unrecorded = {(j.problem.id, j.dsl) for j in jobs} - {(r["problem_id"], r["dsl"]) for r in recs}
     return 0 if not unrecorded and all(r["status"] in ("ok", "unverified") for r in recs) else 1
 

@@ -233,6 +233,29 @@ def _release_gpu_cache() -> None:
         pass
 
 
+# (stage key in a record's stages_s, what it is); GPU-tier and CPU-tier keys, in the order they happen
+STAGES = (("worker_start", "worker start and imports (warm: taking a started worker)"),
+          ("w_setup", "worker setup"), ("w_dsl_import", "DSL toolchain import"), ("w_kernel_import", "kernel import"),
+          ("reference_smoke", "reference at smoke size"), ("compile_s", "compile only"),
+          ("first_call_s", "first call (compile and launch)"), ("correctness_draws_s", "correctness draws"),
+          ("compile_lane_wait", "waiting for the GPU after compiling"), ("judge_correctness", "judging correctness"),
+          ("worker_timing", "timing"), ("eager_baseline", "eager baseline"), ("compile_baseline", "torch.compile baseline"),
+          ("judge_rechecks", "rechecking timed outputs"), ("total", "total, one evaluation"))
+
+
+def stage_table(records: list[dict], wall_s: float | None = None) -> str:
+    """Seconds per stage over these evaluations (mean and sum; evaluations overlap, so sums exceed
+    the wall time), and the sweep's throughput when its wall time is given."""
+    rows = ["| stage | evaluations | mean s | sum s |", "|---|---:|---:|---:|"]
+    for k, label in STAGES:
+        xs = [r["stages_s"][k] for r in records if isinstance((r.get("stages_s") or {}).get(k), (int, float))]
+        if xs:
+            rows.append(f"| {label} | {len(xs)} | {statistics.mean(xs):.2f} | {sum(xs):.1f} |")
+    if wall_s and records:
+        rows += ["", f"{len(records)} evaluations in {wall_s:.1f} s ({60 * len(records) / wall_s:.1f} per minute)"]
+    return "\n".join(rows) + "\n"
+
+
 def _f(x: Any, spec: str = ".4f") -> str:
     return "-" if x is None else format(x, spec)
 

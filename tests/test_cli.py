@@ -37,6 +37,8 @@ def test_sweep_and_results_table(capsys, tmp_path):
     assert main(args) == 0
     first = out.read_text().splitlines()
     assert len(first) == 1 and json.loads(first[0])["status"] == "unverified"
+    shown = capsys.readouterr().out             # where the time went, stage by stage
+    assert "| compile only | 1 |" in shown and "1 evaluations in" in shown and "per minute" in shown
     assert main(args) == 0                      # resumes: nothing left to do, nothing appended
     assert out.read_text().splitlines() == first
     capsys.readouterr()

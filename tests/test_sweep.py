@@ -109,3 +109,14 @@ def test_out_of_memory_beside_other_evaluations_is_retried_alone(monkeypatch):
     assert by[36]["status"] == "runtime_error" and by[36]["flags"] == []
     assert sink.failures == [(31, "KeyError: 'a harness bug'")]
     assert calls.count((28, "tirx", True)) == 1                     # the retry ran without a shared lane
+
+
+def test_stage_table_says_where_the_time_went():
+    from mkb_eval.sweep import stage_table
+
+    recs = [{"stages_s": {"worker_start": 2.0, "worker_timing": 1.0, "total": 10.0}},
+            {"stages_s": {"worker_start": 4.0, "total": 20.0}}, {"stages_s": {"total": "torn"}}]
+    t = stage_table(recs, wall_s=30.0)
+    assert "| worker start and imports (warm: taking a started worker) | 2 | 3.00 | 6.0 |" in t
+    assert "| timing | 1 | 1.00 | 1.0 |" in t and "| total, one evaluation | 2 | 15.00 | 30.0 |" in t
+    assert "3 evaluations in 30.0 s (6.0 per minute)" in t and "eager" not in t
