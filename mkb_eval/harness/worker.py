@@ -181,16 +181,19 @@ def run(job: dict[str, Any], chan: Channel, progress: Any) -> dict[str, Any]:
     # ---- phase 1: correctness draws --------------------------------------------------------
     # a compile (CPU work) hands the GPU lane back, so timing elsewhere on this GPU need not wait
     # for it; after the compile the worker waits until the parent holds the lane for it again
-    lane_events = 0
+    lane_events, lane_wait = 0, 0.0
 
     def on_compile(event: str) -> None:
-        nonlocal lane_events
+        nonlocal lane_events, lane_wait
         lane_events += 1
         if event == "start":
             clock.synchronize()                           # nothing of ours left queued on the GPU
         chan.send(kind="lane", n=lane_events, want="release" if event == "start" else "shared")
-        if event == "end" and os.read(job["gate_fd"], 2) != b"go":
-            os._exit(0)                                   # the parent stopped this evaluation
+        if event == "end":
+            t = time.perf_counter()
+            if os.read(job["gate_fd"], 2) != b"go":
+                os._exit(0)                               # the parent stopped this evaluation
+            lane_wait += time.perf_counter() - t          # not the candidate's time
 
     log.on_compile = on_compile
     draws: list[dict[str, Any]] = []
@@ -203,12 +206,12 @@ def run(job: dict[str, Any], chan: Channel, progress: Any) -> dict[str, Any]:
         if i in job["reuse_draws"] and prev is not None:
             inputs = tensors.refill_(prev, inputs)        # same addresses, new content
         addrs = [t.data_ptr() for t in tensors.walk(inputs)]
-        t1 = time.perf_counter()
+        t1, waited = time.perf_counter(), lane_wait
         out, launched = call(inputs, f"correctness draw {i + 1}")
         snap = tensors.snapshot(out)                       # on the caller's stream, no sync first
         clock.synchronize()
         if first_call_s is None:
-            first_call_s = time.perf_counter() - t1
+            first_call_s = time.perf_counter() - t1 - (lane_wait - waited)
         if launched == 0:
             raise Stop("no_dsl_kernel", f"correctness draw {i + 1}: solve launched no {job['dsl']} kernel "
                                         f"(compiled functions created: {log.compiled[job['dsl']]})")
@@ -218,7 +221,7 @@ def run(job: dict[str, Any], chan: Channel, progress: Any) -> dict[str, Any]:
         prev = inputs
         del out, snap
     prev = None
-    corr_s = time.perf_counter() - t_corr
+    corr_s = time.perf_counter() - t_corr - lane_wait
 
     # ---- the DSL-dependence draw: launches suppressed, free memory poisoned ------------------
     progress("dsl_dependence")
