@@ -80,3 +80,15 @@ def test_timing_is_stable_across_evaluations():
     print(f"\nproblem 28 {dsl}: end-to-end medians {e2e} ms (CV {cv_e2e:.4f}); device {dev} ms (CV {cv_dev:.4f})")
     assert cv_dev < 0.02      # kernel time: the quality measure
     assert cv_e2e < 0.15      # host call path included: process-to-process jitter
+
+
+@pytest.mark.parametrize("dsl", P.DSLS)
+def test_compile_hands_the_lane_back(dsl):
+    """The solution compiles inside its first call: the worker announces it, the parent gives the lane
+    back meanwhile and holds it again before the worker goes on; the verdict is unchanged."""
+    from mkb_eval.harness.lanes import GpuLane
+
+    p28 = P.find(28)
+    rec = keep(verify(p28, dsl, p28.solution_path(dsl), compile_baseline=False, lane=GpuLane(0)), test="compile_lane")
+    assert rec.status == "ok", rec.message
+    assert "compile_lane_wait" in rec.stages_s and rec.stages_s["compile_lane_wait"] < 1.0   # nobody else waiting
