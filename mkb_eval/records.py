@@ -28,6 +28,7 @@ class Timing:
 
     kernel_ms: float | None = None          # median end-to-end, device-wide sync inside the events
     kernel_device_ms: float | None = None   # GPU time of the launched kernels only (CUPTI)
+    host_call_ms: float | None = None       # median time until solve returned in the timed draws (host path)
     kernel_cv: float | None = None
     eager_ms: float | None = None
     compile_ms: float | None = None         # torch.compile baseline

@@ -140,6 +140,9 @@ def summary(d: Path) -> dict:
             if len(xs) < 3:
                 continue
             stab[kk] = {"medians_ms": xs, **_spread(xs, runs[3].get(kk, {}).get("kernel_ms"))}
+            hs = [run[kk].get("host_call_ms") for run in runs[:3]]
+            if all(hs):     # time until solve returned: does the host path move with the median?
+                stab[kk]["host_call_ms"] = [round(h, 4) for h in hs]
             ds = [run[kk].get("kernel_device_ms") for run in runs[:3]]
             if all(ds):     # the GPU time alone (CUPTI), which leaves the host call path out
                 dev = _spread(ds, runs[3].get(kk, {}).get("kernel_device_ms"))
@@ -181,14 +184,15 @@ def markdown(report: dict) -> str:
         lines += ["", "Timing stability: the same solutions swept 3 times on 1 GPU, then a 4th time beside a "
                       "CPU-tier sweep compiling every shipped solution. The median is event-timed around each call "
                       "(host call path included, as the verifier reports it); the device time is the GPU time alone "
-                      "(CUPTI, mean of 3 calls).", "",
+                      "(CUPTI, mean of 3 calls); the host call is the median time until `solve` returned.", "",
                   "| solution | medians ms (3 sweeps) | CV | under load ms | shift | device ms (3 sweeps) | device CV | "
-                  "device shift under load |", "|---|---|---:|---:|---:|---|---:|---:|"]
+                  "device shift under load | host call ms (3 sweeps) |", "|---|---|---:|---:|---:|---|---:|---:|---|"]
         for kk, v in report["stability"].items():
             lines.append(f"| {kk} | {', '.join(f'{x:.4f}' for x in v['medians_ms'])} | {v['cv']:.4f} | "
                          f"{_f(v['under_load_ms'], '.4f')} | {_f(v['load_shift'], '+.4f')} | "
                          f"{', '.join(_f(x, '.4f') for x in v.get('device_ms') or [])} | {_f(v.get('device_cv'), '.4f')} | "
-                         f"{_f(v.get('device_load_shift'), '+.4f')} |")
+                         f"{_f(v.get('device_load_shift'), '+.4f')} | "
+                         f"{', '.join(_f(x, '.4f') for x in v.get('host_call_ms') or []) or '-'} |")
         big = [v for v in report["stability"].values()       # the kernel's size: its GPU time where known
                if statistics.mean(v.get("device_ms") or v["medians_ms"]) > 0.05]
         dev = [v for v in big if v.get("device_cv") is not None]

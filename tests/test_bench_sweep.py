@@ -17,7 +17,7 @@ _spec.loader.exec_module(bench)
 def _rec(pid: int, dsl: str, ms: float, status: str = "ok") -> dict:
     return {"kind": "verification", "problem_id": pid, "dsl": dsl, "status": status,
             "stages_s": {"total": 10.0, "worker_timing": 1.0},
-            "timing": {"kernel_ms": ms, "kernel_device_ms": ms * 0.9}}
+            "timing": {"kernel_ms": ms, "kernel_device_ms": ms * 0.9, "host_call_ms": 0.02}}
 
 
 def _write(path: Path, rows: list[dict]) -> None:
@@ -49,6 +49,7 @@ def test_summary_adds_up_parts_and_compares_gpu_counts(tmp_path):
     st = rep["stability"]
     assert st["03/tirx"]["cv"] == 0 and st["03/tirx"]["load_shift"] == 0
     assert 0.008 < st["03/cutedsl"]["cv"] < 0.009 and st["03/cutedsl"]["load_shift"] == 0.3
+    assert st["03/cutedsl"]["host_call_ms"] == [0.02] * 3
     assert st["03/cutedsl"]["device_cv"] == st["03/cutedsl"]["cv"] and st["03/cutedsl"]["device_load_shift"] == 0.3
     md = (tmp_path / "README.md").read_text()
     assert "| 1 | 16 | 8 | 60 | 60 | 120.0 | 2 | 30.0 | 1.0x |" in md and "**5.0x**" in md

@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import statistics
 import sys
 import time
 import traceback
@@ -261,9 +262,13 @@ def run(job: dict[str, Any], chan: Channel, progress: Any) -> dict[str, Any]:
     recheck = set(job["recheck"])
     launch_counts: list[int] = []
 
+    host_s: list[float] = []
+
     def timed(*inputs: Any) -> Any:
         before = log.total()
+        t = time.perf_counter()
         out = solve(*inputs)
+        host_s.append(time.perf_counter() - t)        # until solve returns: the host call path
         launch_counts.append(log.total() - before)
         return out
 
@@ -288,8 +293,10 @@ def run(job: dict[str, Any], chan: Channel, progress: Any) -> dict[str, Any]:
     progress("device_time")
     dev_ms, kernels = device_time_ms(solve, [make(s) for s in job["timing_seeds"][:3]])
     progress("report")
+    timed_host = host_s[len(job["warmup_seeds"]):]
     return {"status": "timed", "times_ms": res.times_ms, "device_ms": dev_ms, "kernels": kernels[:20],
-            "launches_per_call": sorted(set(launch_counts)), "timing_s": timing_s}
+            "launches_per_call": sorted(set(launch_counts)), "timing_s": timing_s,
+            "host_call_ms": 1e3 * statistics.median(timed_host) if timed_host else None}
 
 
 def _cpu_tier(job: dict[str, Any], make: Any, call: Any, log: Any, progress: Any, import_s: float) -> dict[str, Any]:

@@ -43,7 +43,7 @@ def keep(rec, **extra):
 def test_solution_passes(problem, dsl):
     rec = keep(verify(problem, dsl, problem.solution_path(dsl)), test="solution")
     assert rec.status == "ok", f"{rec.status} at {rec.stage}: {rec.message[-3000:]}"
-    assert rec.timing.kernel_ms > 0 and rec.timing.eager_ms > 0 and rec.env["gpu"]
+    assert rec.timing.kernel_ms > 0 and rec.timing.eager_ms > 0 and rec.timing.host_call_ms > 0 and rec.env["gpu"]
     assert "implausible_speedup" not in rec.flags
 
 
