@@ -27,7 +27,7 @@ class Timing:
     """Milliseconds unless named otherwise; speedups are eager / kernel."""
 
     kernel_ms: float | None = None          # median end-to-end, device-wide sync inside the events
-    kernel_device_ms: float | None = None   # GPU time of the launched kernels only (CUPTI)
+    kernel_device_ms: float | None = None   # GPU time on the call's stream, host path excluded
     host_call_ms: float | None = None       # median time until solve returned in the timed draws (host path)
     kernel_cv: float | None = None
     eager_ms: float | None = None

@@ -4,10 +4,11 @@ One process times the given shipped solutions under several procedures, in rotat
 prints one JSON line per (solution, procedure): the median of 50 event-timed draws and the median
 host call time. Run it several times in fresh processes (pinned to different cores) and compare.
 
-Procedures: ``base`` is the verifier's (timing.time_draws); ``gc_off`` the same with the garbage
+Procedures: ``base`` is the verifier's (timing.time_draws, which since this diagnostic pauses the
+collector itself; at commit 2736f6e it did not); ``gc_off`` the same with the garbage
 collector off; ``gated`` queues a fixed GPU sleep before the start event, so the host call path
 overlaps the sleep instead of being timed; ``after_profiler`` is ``base`` once CUPTI has been
-started in the process (the worker starts it before timing).
+started in the process (the worker used to, for its device time).
 
     python3 scripts/timing_noise.py 3/cutedsl 22/tirx ... > noise.jsonl
 """
@@ -28,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from mkb_eval.harness.timing import Clock, device_time_ms, l2_flusher, time_draws  # noqa: E402
+from mkb_eval.harness.timing import Clock, l2_flusher, time_draws  # noqa: E402
 from mkb_eval.harness.worker import _import_file  # noqa: E402
 from mkb_eval.problems import find  # noqa: E402
 
@@ -109,7 +110,9 @@ def main() -> None:
     for r in range(len(variants)):                  # each procedure first once
         for key, solve, make in loaded:
             run(variants[(r + int(a.rep)) % len(variants)], key, solve, make)
-    device_time_ms(lambda: torch.ones(1, device=device).add_(1), [[]])
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]):   # CUPTI starts
+        torch.ones(1, device=device).add_(1)
+        torch.cuda.synchronize()
     for key, solve, make in loaded:
         run("after_profiler", key, solve, make)
 

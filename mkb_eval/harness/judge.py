@@ -27,6 +27,17 @@ from mkb_eval.problems import Problem, load_module
 # turns across the judges of concurrent evaluations (sweep threads); otherwise they would
 # regenerate each other's inputs. Reference runs and comparisons proceed side by side.
 _TURN = threading.RLock()
+_LINALG_READY: set[str] = set()
+
+
+def _load_linalg(device: str) -> None:
+    """torch loads its CUDA linear-algebra library on first use, and that load is not thread-safe
+    ("lazy wrapper should be called at most once" when two judges' references reach it together)."""
+    with _TURN:
+        if device not in _LINALG_READY and torch.device(device).type == "cuda":
+            one = torch.ones(1, 1, device=device)
+            torch.linalg.solve_triangular(one, one, upper=False)
+            _LINALG_READY.add(device)
 
 
 class Judge:
@@ -35,6 +46,7 @@ class Judge:
         self.module = load_module(problem)
         self.size = size
         self.device = device
+        _load_linalg(device)
 
     def _current(self) -> Any:
         """This judge's GPU as the thread's current device (a reference may say plain "cuda")."""
