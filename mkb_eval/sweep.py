@@ -152,8 +152,8 @@ def _run_local(todo: list[Job], tier: str, verify_kwargs: dict[str, Any], parall
     """The thread pool. On a host with GPUs everything here, and every worker started, keeps off
     the timing cores (:mod:`mkb_eval.harness.cores`), whatever the tier: a CPU-tier sweep's
     compilation must not slow another sweep's timed calls. An evaluation short of GPU memory while others
-    share its GPU is run again alone at the end; one the harness fails on is reported, not stored,
-    and the sweep goes on."""
+    share its GPU is run again at the end alone on a GPU (such retries run side by side, one per
+    GPU); one the harness fails on is reported, not stored, and the sweep goes on."""
     import contextlib
     import traceback
     from concurrent.futures import ThreadPoolExecutor
@@ -167,10 +167,10 @@ def _run_local(todo: list[Job], tier: str, verify_kwargs: dict[str, Any], parall
     crowded: list[Job] = []
 
     def one(k: int, job: Job, alone: bool = False) -> None:
-        g = 0 if alone else k % n_lanes
+        g = k % n_lanes
         try:
             rec = verify(job.problem, job.dsl, job.kernel, tier=tier, gpu=g, lane=None if alone else lanes[g],
-                         pool=None if alone else workers, **verify_kwargs).to_dict()
+                         pool=workers, **verify_kwargs).to_dict()
         except Exception as e:  # noqa: BLE001 - the harness's own failure: this evaluation is retried next run
             if not alone and parallel > 1 and _oom_text(f"{type(e).__name__}: {e}"):
                 crowded.append(job)    # the judge ran short of GPU memory beside the other evaluations
@@ -195,9 +195,14 @@ def _run_local(todo: list[Job], tier: str, verify_kwargs: dict[str, Any], parall
         with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
             for f in [pool.submit(one, k, j) for k, j in enumerate(todo)]:
                 f.result()
-        for job in crowded:            # alone on GPU 0 now: what runs out of memory here is the kernel's doing
-            _release_gpu_cache()
-            one(0, job, alone=True)
+        # retries run in rounds, one alone on each GPU; between rounds the judge's cached GPU memory is
+        # handed back (releasing it while another GPU times would stall that timing): what runs out
+        # of memory now is the kernel's doing
+        with ThreadPoolExecutor(max_workers=n_lanes) as pool:
+            for r in range(0, len(crowded), n_lanes):
+                _release_gpu_cache()
+                for f in [pool.submit(one, g, job, True) for g, job in enumerate(crowded[r:r + n_lanes])]:
+                    f.result()
 
 
 _OOM = ("OutOfMemoryError", "out of memory", "cudaErrorMemoryAllocation", "CUBLAS_STATUS_ALLOC_FAILED")

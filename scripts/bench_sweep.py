@@ -144,7 +144,7 @@ def summary(d: Path) -> dict:
             if all(hs):     # time until solve returned: does the host path move with the median?
                 stab[kk]["host_call_ms"] = [round(h, 4) for h in hs]
             ds = [run[kk].get("kernel_device_ms") for run in runs[:3]]
-            if all(ds):     # the GPU time alone (CUPTI), which leaves the host call path out
+            if all(ds):     # the GPU time alone, which leaves the host call path out
                 dev = _spread(ds, runs[3].get(kk, {}).get("kernel_device_ms"))
                 stab[kk].update(device_ms=ds, device_cv=dev["cv"], device_under_load_ms=dev["under_load_ms"],
                                 device_load_shift=dev["load_shift"])
@@ -184,7 +184,8 @@ def markdown(report: dict) -> str:
         lines += ["", "Timing stability: the same solutions swept 3 times on 1 GPU, then a 4th time beside a "
                       "CPU-tier sweep compiling every shipped solution. The median is event-timed around each call "
                       "(host call path included, as the verifier reports it); the device time is the GPU time alone "
-                      "(CUPTI, mean of 3 calls); the host call is the median time until `solve` returned.", "",
+                      "(records' `kernel_device_ms`: since commit 01b0f6e the median of 10 calls queued behind a GPU "
+                      "sleep, before it CUPTI's mean of 3); the host call is the median time until `solve` returned.", "",
                   "| solution | medians ms (3 sweeps) | CV | under load ms | shift | device ms (3 sweeps) | device CV | "
                   "device shift under load | host call ms (3 sweeps) |", "|---|---|---:|---:|---:|---|---:|---:|---|"]
         for kk, v in report["stability"].items():

@@ -76,7 +76,7 @@ def test_out_of_memory_beside_other_evaluations_is_retried_alone(monkeypatch):
     calls = []
 
     def fake_verify(problem, dsl, kernel, *, gpu, lane=None, pool=None, **kw):
-        calls.append((problem.id, dsl, lane is None))
+        calls.append((problem.id, dsl, lane is None, gpu))
         if problem.id == 28 and lane is not None:          # crowded: out of memory
             return Rec(S.Job(problem, dsl, kernel), "runtime_error", "torch.OutOfMemoryError: CUDA out of memory")
         if problem.id == 29 and lane is not None:          # raised by make_inputs outside torch's allocator
@@ -108,7 +108,9 @@ def test_out_of_memory_beside_other_evaluations_is_retried_alone(monkeypatch):
                                        for i in (28, 29, 30))
     assert by[36]["status"] == "runtime_error" and by[36]["flags"] == []
     assert sink.failures == [(31, "KeyError: 'a harness bug'")]
-    assert calls.count((28, "tirx", True)) == 1                     # the retry ran without a shared lane
+    alone = [c for c in calls if c[2]]                                 # retries run without a shared lane
+    assert sorted(c[0] for c in alone) == [28, 29, 30]
+    assert {c[3] for c in alone} == {0, 1}                             # side by side, one per GPU
 
 
 def test_stage_table_says_where_the_time_went():

@@ -4,8 +4,9 @@ For each timed draw: fresh inputs (made outside the timed region, the previous d
 still alive so addresses differ), L2 flushed, then ``sync; start; fn(*inputs); device-wide sync;
 end; sync``. The device-wide sync inside the event pair counts work on every stream. Result:
 the median of the timed draws in milliseconds. Python's garbage collector is paused while
-draws run: on the H200, collections landing inside timed calls moved the medians of the same
-kernel 4-9% between processes; paused, 0.4-1.6% (scripts/timing_noise.py).
+draws run, so no collection lands inside a timed call. (On the H200 that steadied the medians of
+one set of four processes, but not of the next: the host call path itself runs at different
+speeds in different processes, results/h200/2026-11-30_bench2.)
 """
 
 from __future__ import annotations
@@ -145,8 +146,8 @@ def stream_time_ms(fn: Callable[..., Any], make: Callable[[int], list[Any]], see
     A GPU sleep longer than the host call path is queued before the start event, so every launch
     of the call is already queued when the clock starts (a call whose host path outlasts the
     sleep is timed with that excess: an upper bound). L2 is flushed before each draw. Work on
-    other streams is not counted here; the end-to-end time counts it. No profiler: CUPTI, once
-    started, slowed every later launch in the process by 15-70 µs on the H200.
+    other streams is not counted here; the end-to-end time counts it. No profiler: CUPTI's
+    start-up took ~9 s of CPU per evaluation in a sweep, and the end-to-end draws would follow it.
     """
     flush = l2_flusher(device)
     start, end = clock.event(enable_timing=True), clock.event(enable_timing=True)
