@@ -157,7 +157,8 @@ def stream_time_ms(fn: Callable[..., Any], make: Callable[[int], list[Any]], see
     clock.sleep(calib)
     clock.record(end)
     clock.synchronize()
-    cycles = int(calib / max(float(clock.elapsed(start, end)), 1e-3) * (0.2 + 3 * host_ms))
+    gate_ms = min(0.2 + 3 * host_ms, 10.0)     # capped: a slow host path must not hold the lane for long
+    cycles = int(calib / max(float(clock.elapsed(start, end)), 1e-3) * gate_ms)
     times: list[float] = []
     with collector_paused():
         for seed in seeds:

@@ -92,3 +92,12 @@ def test_stream_time_queues_the_call_behind_a_sleep_that_outlasts_the_host_path(
     assert calls[0] == first + 2                   # the call ran between the two records
     gate = rec.log[first][1]
     assert gate == int(1_000_000 / 0.5 * (0.2 + 3 * 0.1))   # 0.5 ms of sleep: cycles for 0.2 + 3 x host ms
+
+
+def test_stream_time_gate_is_capped_for_a_slow_host_path(monkeypatch: Any) -> None:
+    _no_flush(monkeypatch)
+    rec = Recorder(span=0.5)
+    timing.stream_time_ms(lambda x: None, lambda s: [s], [1], rec.clock(), torch.device("cpu"), host_ms=500.0)
+    sleeps = [n for k, n in rec.log if k == "sleep"]
+    assert sleeps[1] == int(1_000_000 / 0.5 * 10.0)       # 10 ms, not 1.5 s
+
