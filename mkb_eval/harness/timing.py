@@ -39,7 +39,8 @@ class Clock:
                "Event.record": torch.cuda.Event.record, "torch.cuda.synchronize": torch.cuda.synchronize,
                "torch.manual_seed": torch.manual_seed, "torch.cuda._sleep": torch.cuda._sleep}
         mine = {"torch.cuda.Event": self.event, "Event.elapsed_time": self.elapsed, "Event.record": self.record,
-                "torch.cuda.synchronize": self.synchronize, "torch.manual_seed": self.manual_seed, "torch.cuda._sleep": self.sleep}
+                "torch.cuda.synchronize": self.synchronize, "torch.manual_seed": self.manual_seed,
+                "torch.cuda._sleep": self.sleep}
         return [k for k in now if now[k] is not mine[k]]
 
 

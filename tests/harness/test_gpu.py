@@ -92,3 +92,26 @@ def test_compile_hands_the_lane_back(dsl):
     rec = keep(verify(p28, dsl, p28.solution_path(dsl), compile_baseline=False, lane=GpuLane(0)), test="compile_lane")
     assert rec.status == "ok", rec.message
     assert "compile_lane_wait" in rec.stages_s and rec.stages_s["compile_lane_wait"] < 1.0   # nobody else waiting
+
+
+def test_device_time_leaves_the_host_path_out():
+    """A call that spends 1 ms on the host before a ~40 µs kernel: the end-to-end median counts the
+    host millisecond, the device time (the call queued behind a GPU sleep) does not."""
+    import time
+
+    from mkb_eval.harness.timing import Clock, stream_time_ms, time_draws
+
+    dev = torch.device("cuda:0")
+    x = torch.randn(1 << 24, device=dev)
+
+    def slow_host(a):
+        t = time.perf_counter()
+        while time.perf_counter() - t < 1e-3:
+            pass
+        return a.mul(2)
+
+    clock = Clock()
+    e2e = time_draws(slow_host, lambda s: [x], [1, 2], range(5), clock, dev).median_ms
+    device = stream_time_ms(slow_host, lambda s: [x], range(5), clock, dev, host_ms=1.0)
+    print(f"\nend-to-end {e2e:.4f} ms, device {device:.4f} ms")
+    assert e2e > 1.0 and device < 0.5
