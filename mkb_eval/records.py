@@ -61,7 +61,7 @@ class VerificationRecord:
     correctness: dict[str, Any] = field(default_factory=dict)
     timing: Timing = field(default_factory=Timing)
     stages_s: dict[str, float] = field(default_factory=dict)
-    kernels: list[str] = field(default_factory=list)
+    kernels: list[str] = field(default_factory=list)   # CUPTI kernel names: records before commit 01b0f6e only
     artifacts: dict[str, Any] = field(default_factory=dict)
     sandbox: dict[str, str] = field(default_factory=dict)   # what confinement this evaluation had
     env: dict[str, Any] = field(default_factory=dict)

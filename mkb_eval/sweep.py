@@ -195,9 +195,8 @@ def _run_local(todo: list[Job], tier: str, verify_kwargs: dict[str, Any], parall
         with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
             for f in [pool.submit(one, k, j) for k, j in enumerate(todo)]:
                 f.result()
-        # retries run in rounds, one alone on each GPU; between rounds the judge's cached GPU memory is
-        # handed back (releasing it while another GPU times would stall that timing): what runs out
-        # of memory now is the kernel's doing
+        # retries run in rounds, one alone on each GPU, and the judge's cached GPU memory is handed back
+        # before each round, while no retry runs: what runs out of memory now is the kernel's doing
         with ThreadPoolExecutor(max_workers=n_lanes) as pool:
             for r in range(0, len(crowded), n_lanes):
                 _release_gpu_cache()

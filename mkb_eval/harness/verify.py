@@ -609,7 +609,6 @@ def _baselines(rec: VerificationRecord, prob: P.Problem, judge: Any, job: dict[s
                host_call_ms=fin.get("host_call_ms"),
                kernel_cv=float(statistics.pstdev(times) / statistics.mean(times)), n_warmup=WARMUP_DRAWS,
                n_timed=TIMING_DRAWS, times_ms=[round(x, 5) for x in times])
-    rec.kernels = fin.get("kernels", [])
     t0 = time.perf_counter()
 
     def eager() -> float:
