@@ -68,8 +68,8 @@ def run_sweep(jobs: list[Job], out: Path, *, tier: str = "auto", verify_kwargs: 
 
     ``executor="local"`` (the default) runs a thread pool here: with ``parallel`` > 1 evaluations
     overlap (process start, imports, compilation and correctness run side by side), while each
-    visible GPU's lane lets one timed phase at a time have that GPU (jobs are spread round-robin
-    over the GPUs). ``executor="ray"`` runs each evaluation as a Ray task on the cluster at
+    visible GPU's lane lets one timed phase at a time have that GPU (each job goes to the GPU with the
+    fewest in flight). ``executor="ray"`` runs each evaluation as a Ray task on the cluster at
     ``address`` (default: a local Ray instance), see :mod:`mkb_eval.ray_executor`; ``parallel`` is
     then Ray's to decide. Both give the same records, written here and resumed the same way.
     ``warm`` (local executor) takes each evaluation's worker from a :class:`WarmPool`.
@@ -155,6 +155,7 @@ def _run_local(todo: list[Job], tier: str, verify_kwargs: dict[str, Any], parall
     share its GPU is run again at the end alone on a GPU (such retries run side by side, one per
     GPU); one the harness fails on is reported, not stored, and the sweep goes on."""
     import contextlib
+    import threading
     import traceback
     from concurrent.futures import ThreadPoolExecutor
 
@@ -165,9 +166,22 @@ def _run_local(todo: list[Job], tier: str, verify_kwargs: dict[str, Any], parall
 
     lanes = [GpuLane(i) for i in range(n_lanes)]
     crowded: list[Job] = []
+    busy = [0] * n_lanes                  # evaluations in flight on each GPU
+    busy_lock = threading.Lock()
 
     def one(k: int, job: Job, alone: bool = False) -> None:
-        g = k % n_lanes
+        """Evaluate ``job``: a retry on GPU ``k``, otherwise on the GPU with the fewest evaluations in
+        flight (dealing jobs k % n would let slow ones pile up on one GPU while another idles)."""
+        with busy_lock:
+            g = k if alone else min(range(n_lanes), key=lambda i: (busy[i], i))
+            busy[g] += 1
+        try:
+            evaluate(g, job, alone)
+        finally:
+            with busy_lock:
+                busy[g] -= 1
+
+    def evaluate(g: int, job: Job, alone: bool) -> None:
         try:
             rec = verify(job.problem, job.dsl, job.kernel, tier=tier, gpu=g, lane=None if alone else lanes[g],
                          pool=workers, **verify_kwargs).to_dict()
