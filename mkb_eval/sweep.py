@@ -257,8 +257,9 @@ STAGES = (("worker_start", "worker start and imports (warm: taking a started wor
           ("reference_smoke", "reference at smoke size"), ("compile_s", "compile only"),
           ("first_call_s", "first call (compile and launch)"), ("correctness_draws_s", "correctness draws"),
           ("compile_lane_wait", "waiting for the GPU after compiling"), ("judge_correctness", "judging correctness"),
+          ("lane_step_aside", "stepping aside for other timed phases"), ("timing_lane_wait", "waiting to time"),
           ("worker_timing", "timing"), ("eager_baseline", "eager baseline"), ("compile_baseline", "torch.compile baseline"),
-          ("judge_rechecks", "rechecking timed outputs"), ("total", "total, one evaluation"))
+          ("recheck_lane_wait", "waiting to recheck"), ("judge_rechecks", "rechecking timed outputs"), ("total", "total, one evaluation"))
 
 
 def stage_table(records: list[dict], wall_s: float | None = None) -> str:

@@ -32,8 +32,9 @@ sys.path.insert(0, str(ROOT))
 from mkb_eval.harness.verify import default_cache_dir  # noqa: E402
 from mkb_eval.records import append_jsonl, read_jsonl  # noqa: E402
 
-STAGES = ("worker_start", "worker_phase1", "compile_lane_wait", "judge_correctness", "worker_timing",
-          "eager_baseline", "compile_baseline", "judge_rechecks", "total")
+STAGES = ("worker_start", "worker_phase1", "compile_lane_wait", "judge_correctness", "lane_step_aside",
+          "timing_lane_wait", "worker_timing", "eager_baseline", "compile_baseline", "recheck_lane_wait",
+          "judge_rechecks", "total")
 STABLE_PROBLEMS = "3,22,33,46,55,70"       # one problem of each family, kernels of 0.1-5 ms
 
 
@@ -96,7 +97,13 @@ def cpu_times() -> list[int]:
 
 
 def stage_means(recs: list[dict]) -> dict[str, float]:
-    return {s: round(statistics.mean(r["stages_s"].get(s, 0.0) for r in recs), 3) for s in STAGES} if recs else {}
+    """Mean seconds per stage over the records that have it (older records lack the newer stages)."""
+    out = {}
+    for s in STAGES:
+        xs = [r["stages_s"][s] for r in recs if s in r.get("stages_s", {})]
+        if xs:
+            out[s] = round(statistics.mean(xs), 3)
+    return out
 
 
 def key(r: dict) -> str:

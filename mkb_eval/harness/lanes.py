@@ -3,7 +3,11 @@ phase has the GPU to itself.
 
 A shared holder (correctness draws, judging) and an exclusive holder (timing, baselines) never
 overlap on the same GPU; CPU-only work (process start, imports) needs no lane at all. Writers
-are preferred, so timing is not starved by a stream of correctness work.
+are preferred, so timing is not starved by a stream of correctness work. A timed phase still
+waits for every shared hold in progress to end, so shared holders also step aside at their
+natural breaks (between correctness draws or checks) when a timed phase is waiting: the wait is
+then one draw, not a whole evaluation's correctness work (on the H200 those waits, a few seconds
+before every timed phase, made the lane the bottleneck of a 1-GPU sweep).
 """
 
 from __future__ import annotations
@@ -33,6 +37,19 @@ class GpuLane:
         with self._cond:
             self._shared -= 1
             self._cond.notify_all()
+
+    def yield_shared(self) -> bool:
+        """Held shared: if a timed phase is waiting, let it (and any queued behind it) run, then hold
+        shared again. Returns whether it stepped aside."""
+        with self._cond:
+            if not self._waiting_exclusive:
+                return False
+            self._shared -= 1
+            self._cond.notify_all()
+            while self._exclusive or self._waiting_exclusive:
+                self._cond.wait()
+            self._shared += 1
+            return True
 
     @contextlib.contextmanager
     def shared(self) -> Iterator[None]:

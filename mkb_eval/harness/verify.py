@@ -449,11 +449,14 @@ def _run_gpu(rec: VerificationRecord, prob: P.Problem, dsl: str, w: _Worker, siz
             if not msg or msg["kind"] == "final":
                 _fail_from_worker(rec, w, how, limits.correctness_s)
                 return
-            if not _judge_phase1(rec, judge, job, msg, out):
+            if not _judge_phase1(rec, judge, job, msg, out, between=held.step_aside):
                 return
         finally:
             held.release()
+            rec.stages_s["lane_step_aside"] = round(held.stepped_aside, 3)
+        t0 = time.perf_counter()
         with lane.exclusive():
+            rec.stages_s["timing_lane_wait"] = round(time.perf_counter() - t0, 3)
             w.open_gate(True)
             t0 = time.perf_counter()
             fin, how = w.wait_for(("final",), limits.timing_s)
@@ -469,9 +472,14 @@ def _run_gpu(rec: VerificationRecord, prob: P.Problem, dsl: str, w: _Worker, siz
         rec.stdout_tail, rec.stderr_tail = _tail(w.stdout), _tail(w.stderr)
         rec.stages_s.update(_stage_times(w))
         rec.sandbox = w.facts()
-    with lane.shared():
-        if not _judge_rechecks(rec, judge, job, out):
+    held = _Held(lane)
+    try:
+        rec.stages_s["recheck_lane_wait"] = round(held.waited, 3)
+        if not _judge_rechecks(rec, judge, job, out, between=held.step_aside):
             return
+    finally:
+        held.release()
+        rec.stages_s["lane_step_aside"] = round(rec.stages_s.get("lane_step_aside", 0.0) + held.stepped_aside, 3)
     rec.timing = timing
     rec.status, rec.stage = "ok", "done"
     rec.message = (f"passed {CORRECTNESS_DRAWS} draws + {RECHECKS} timed rechecks; {timing.kernel_ms:.4f} ms vs eager "
@@ -513,11 +521,22 @@ def _physical_gpu(index: int) -> str:
 
 
 class _Held:
-    """This evaluation's shared hold on its GPU lane, which phase 1 gives back while the worker compiles."""
+    """This evaluation's shared hold on its GPU lane, which phase 1 gives back while the worker compiles
+    and which steps aside between draws for a waiting timed phase."""
 
     def __init__(self, lane: GpuLane) -> None:
-        self.lane, self.held, self.waited = lane, False, 0.0
+        self.lane, self.held, self.waited, self.stepped_aside = lane, False, 0.0, 0.0
         self.acquire()
+
+    def step_aside(self) -> float:
+        """Let a waiting timed phase have the GPU, then hold it again (nothing of ours may be queued on
+        it); the seconds that took."""
+        t0 = time.perf_counter()
+        if not (self.held and self.lane.yield_shared()):
+            return 0.0
+        took = time.perf_counter() - t0
+        self.stepped_aside += took
+        return took
 
     def acquire(self) -> None:
         if not self.held:
@@ -534,11 +553,12 @@ class _Held:
 def _phase1(w: _Worker, held: _Held, budget: float, rec: VerificationRecord) -> tuple[dict[str, Any] | None, str]:
     """Open gate 1 and wait for the worker's phase-1 report. Between a compile's start and end the lane
     is given back (compiling is CPU work; timing on this GPU need not wait for it); the worker resumes
-    only once it is held again. Time spent waiting for the lane does not count against ``budget``."""
+    only once it is held again. Between draws the worker asks to step aside for a waiting timed phase.
+    Time spent waiting for the lane does not count against ``budget``."""
     w.open_gate(True)
     t0, seen, held.waited = time.perf_counter(), 0, 0.0
     while True:
-        left = budget + held.waited - (time.perf_counter() - t0)
+        left = budget + held.waited + held.stepped_aside - (time.perf_counter() - t0)
         if left <= 0:
             msg, how = None, "timeout"
             break
@@ -549,6 +569,9 @@ def _phase1(w: _Worker, held: _Held, budget: float, rec: VerificationRecord) -> 
         seen = msg["n"]
         if msg.get("want") == "release":
             held.release()
+        elif msg.get("want") == "step_aside":       # between draws, the worker's GPU work done
+            held.step_aside()
+            w.open_gate(True)
         else:
             held.acquire()
             w.open_gate(True)
@@ -558,12 +581,15 @@ def _phase1(w: _Worker, held: _Held, budget: float, rec: VerificationRecord) -> 
     return msg, how
 
 
-def _judge_phase1(rec: VerificationRecord, judge: Any, job: dict[str, Any], msg: dict[str, Any], out: Path) -> bool:
-    """Correctness of the 5 draws and the DSL-dependence draw; False (status set) when they fail."""
+def _judge_phase1(rec: VerificationRecord, judge: Any, job: dict[str, Any], msg: dict[str, Any], out: Path,
+                  between: Callable[[], float] = lambda: 0.0) -> bool:
+    """Correctness of the 5 draws and the DSL-dependence draw; False (status set) when they fail.
+    ``between`` runs between checks (the lane's step aside; its seconds are not judging time)."""
     rec.stages_s.update(import_s=round(msg["import_s"], 3), first_call_s=round(msg["first_call_s"], 3),
                         correctness_draws_s=round(msg["correctness_s"], 3))
     t0 = time.perf_counter()
     for d in msg["draws"]:
+        t0 += between()
         bad = judge.check(job["correctness_seeds"][d["draw"]], out / f"corr_{d['draw']}.pt", d["input_digests"])
         if bad:
             reused = " (inputs refilled in the previous draw's buffers)" if d["draw"] in REUSE_DRAWS else ""
@@ -574,6 +600,7 @@ def _judge_phase1(rec: VerificationRecord, judge: Any, job: dict[str, Any], msg:
     addrs = [tuple(d["addresses"]) for d in msg["draws"]]
     rec.correctness.update(draws_passed=CORRECTNESS_DRAWS, launches=[d["launches"] for d in msg["draws"]],
                            distinct_input_addresses=len(set(addrs)))
+    t0 += between()
     if msg["nodsl"] == "returned" and judge.check(job["nodsl_seed"], out / "nodsl.pt") is None:
         rec.status, rec.stage = "no_dsl_kernel", "dsl_dependence"
         rec.message = ("the output is still correct with every DSL launch suppressed and free memory poisoned: "
@@ -584,10 +611,12 @@ def _judge_phase1(rec: VerificationRecord, judge: Any, job: dict[str, Any], msg:
     return True
 
 
-def _judge_rechecks(rec: VerificationRecord, judge: Any, job: dict[str, Any], out: Path) -> bool:
+def _judge_rechecks(rec: VerificationRecord, judge: Any, job: dict[str, Any], out: Path,
+                    between: Callable[[], float] = lambda: 0.0) -> bool:
     """The 3 timed outputs chosen at random; False (status set) when one is wrong."""
     t0 = time.perf_counter()
     for i in job["recheck"]:
+        t0 += between()
         bad = judge.check(job["timing_seeds"][i], out / f"time_{i}.pt")
         if bad:
             rec.status, rec.stage = "incorrect", "timing_recheck"

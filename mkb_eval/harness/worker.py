@@ -181,20 +181,24 @@ def run(job: dict[str, Any], chan: Channel, progress: Any) -> dict[str, Any]:
 
     # ---- phase 1: correctness draws --------------------------------------------------------
     # a compile (CPU work) hands the GPU lane back, so timing elsewhere on this GPU need not wait
-    # for it; after the compile the worker waits until the parent holds the lane for it again
+    # for it; after the compile the worker waits until the parent holds the lane for it again.
+    # Between draws the worker offers the lane to a waiting timed phase (the parent decides).
     lane_events, lane_wait = 0, 0.0
 
-    def on_compile(event: str) -> None:
+    def lane(want: str) -> None:
         nonlocal lane_events, lane_wait
         lane_events += 1
-        if event == "start":
+        if want != "shared":
             clock.synchronize()                           # nothing of ours left queued on the GPU
-        chan.send(kind="lane", n=lane_events, want="release" if event == "start" else "shared")
-        if event == "end":
+        chan.send(kind="lane", n=lane_events, want=want)
+        if want != "release":
             t = time.perf_counter()
             if os.read(job["gate_fd"], 2) != b"go":
                 os._exit(0)                               # the parent stopped this evaluation
             lane_wait += time.perf_counter() - t          # not the candidate's time
+
+    def on_compile(event: str) -> None:
+        lane("release" if event == "start" else "shared")
 
     log.on_compile = on_compile
     draws: list[dict[str, Any]] = []
@@ -221,6 +225,7 @@ def run(job: dict[str, Any], chan: Channel, progress: Any) -> dict[str, Any]:
         check_tamper(f"in correctness draw {i + 1}")
         prev = inputs
         del out, snap
+        lane("step_aside")
     prev = None
     corr_s = time.perf_counter() - t_corr - lane_wait
 

@@ -4,6 +4,7 @@ the worker goes on, and does not count the wait against the worker's phase-1 bud
 
 import threading
 import time
+from pathlib import Path
 
 from mkb_eval.harness import observe
 from mkb_eval.harness import verify as V
@@ -112,3 +113,69 @@ def test_phase1_gives_the_lane_back_while_the_worker_compiles():
     assert msg["kind"] == "phase1" and how == "message"
     assert w.gates[1] >= timed["end"]                     # the worker went on only after the timing ended
     assert rec.stages_s["compile_lane_wait"] >= 0.2
+
+
+def test_phase1_steps_aside_between_draws_for_a_waiting_timed_phase():
+    """A worker between correctness draws asks to step aside: a timed phase queued on the GPU runs
+    before the worker goes on, and the wait counts neither against its budget nor as compile wait."""
+    lane, w, rec = GpuLane(0), _FakeWorker(), V.VerificationRecord(
+        status="crashed", problem_id=28, problem="p", problem_hash="h", dsl="tirx", kernel_sha256="k", tier="gpu",
+        size="full", created_at="now")
+    timed: dict[str, float] = {}
+
+    def other_evaluation_times():
+        with lane.exclusive():
+            timed["start"] = time.monotonic()
+            time.sleep(0.3)
+            timed["end"] = time.monotonic()
+
+    t = threading.Thread(target=other_evaluation_times)
+
+    def worker_script():
+        while not w.gates:
+            time.sleep(0.01)
+        t.start()                                         # queued behind this evaluation's shared hold
+        while not lane._waiting_exclusive:
+            time.sleep(0.001)
+        w.msgs.append({"kind": "lane", "n": 1, "want": "step_aside"})
+        while len(w.gates) < 2:
+            time.sleep(0.01)
+        w.msgs.append({"kind": "phase1", "draws": []})
+
+    script = threading.Thread(target=worker_script)
+    script.start()
+    held = V._Held(lane)
+    try:
+        msg, how = V._phase1(w, held, budget=0.2, rec=rec)
+    finally:
+        held.release()
+    script.join()
+    t.join()
+    assert msg["kind"] == "phase1" and how == "message"
+    assert w.gates[1] >= timed["end"]                     # the worker went on after the timed phase
+    assert held.stepped_aside >= 0.2 and rec.stages_s["compile_lane_wait"] == 0.0
+
+
+def test_judging_steps_aside_between_checks_and_that_wait_is_not_judging_time():
+    """The judge offers the lane before each check; the seconds it stood aside are left out of the
+    judging stage."""
+
+    class Judge:
+        def check(self, seed, path, digests=None):
+            calls.append("check")
+
+    calls: list[str] = []
+
+    def between():
+        calls.append("between")
+        time.sleep(0.2)
+        return 0.2
+
+    rec = V.VerificationRecord(status="crashed", problem_id=28, problem="p", problem_hash="h", dsl="tirx",
+                               kernel_sha256="k", tier="gpu", size="full", created_at="now")
+    draws = [{"draw": i, "input_digests": [], "launches": 1, "addresses": [i]} for i in range(V.CORRECTNESS_DRAWS)]
+    msg = {"import_s": 0, "first_call_s": 0, "correctness_s": 0, "draws": draws, "nodsl": "raised"}
+    job = {"correctness_seeds": list(range(V.CORRECTNESS_DRAWS)), "nodsl_seed": 9}
+    assert V._judge_phase1(rec, Judge(), job, msg, Path("."), between=between)
+    assert calls[:2] == ["between", "check"] and calls.count("between") == V.CORRECTNESS_DRAWS + 1
+    assert rec.stages_s["judge_correctness"] < 0.2

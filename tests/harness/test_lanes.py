@@ -42,6 +42,31 @@ def test_exclusive_never_overlaps_shared():
     assert state["max_shared"] > 1            # readers really ran side by side
 
 
+def test_a_shared_holder_steps_aside_for_a_waiting_timed_phase():
+    """Holding shared, yield_shared lets a waiting exclusive holder run first and then holds shared
+    again; with no one waiting it returns at once and keeps the hold."""
+    lane, order = GpuLane(), []
+    lane.acquire_shared()
+    assert lane.yield_shared() is False
+
+    def timed():
+        with lane.exclusive():
+            order.append("timed")
+
+    t = threading.Thread(target=timed)
+    t.start()
+    deadline = time.monotonic() + 10
+    while not lane._waiting_exclusive and time.monotonic() < deadline:   # the timed phase is queued
+        time.sleep(0.001)
+    assert lane.yield_shared() is True
+    order.append("shared again")
+    t.join(timeout=10)
+    assert order == ["timed", "shared again"]
+    with lane._cond:
+        assert lane._shared == 1 and not lane._exclusive       # held again, and only by us
+    lane.release_shared()
+
+
 def test_each_gpu_keeps_a_timing_core_that_other_work_avoids(monkeypatch):
     import torch
 
