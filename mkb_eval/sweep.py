@@ -155,33 +155,23 @@ def _run_local(todo: list[Job], tier: str, verify_kwargs: dict[str, Any], parall
     share its GPU is run again at the end alone on a GPU (such retries run side by side, one per
     GPU); one the harness fails on is reported, not stored, and the sweep goes on."""
     import contextlib
-    import threading
     import traceback
     from concurrent.futures import ThreadPoolExecutor
 
     from mkb_eval.harness.cores import keep_off_timing_cores
-    from mkb_eval.harness.lanes import GpuLane
+    from mkb_eval.harness.lanes import GpuLanes
     from mkb_eval.harness.pool import WarmPool
     from mkb_eval.harness.verify import Limits, verify
 
-    lanes = [GpuLane(i) for i in range(n_lanes)]
+    lanes = GpuLanes(n_lanes)
     crowded: list[Job] = []
-    busy = [0] * n_lanes                  # evaluations in flight on each GPU
-    busy_lock = threading.Lock()
 
-    def one(k: int, job: Job, alone: bool = False) -> None:
-        """Evaluate ``job``: a retry on GPU ``k``, otherwise on the GPU with the fewest evaluations in
-        flight (dealing jobs k % n would let slow ones pile up on one GPU while another idles)."""
-        with busy_lock:
-            g = k if alone else min(range(n_lanes), key=lambda i: (busy[i], i))
-            busy[g] += 1
-        try:
-            evaluate(g, job, alone)
-        finally:
-            with busy_lock:
-                busy[g] -= 1
+    def one(job: Job) -> None:
+        with lanes.least_busy() as lane:
+            evaluate(lane.index, job, False)
 
     def evaluate(g: int, job: Job, alone: bool) -> None:
+        """``job`` on GPU ``g``: beside the others under its lane, or ``alone`` (a retry)."""
         try:
             rec = verify(job.problem, job.dsl, job.kernel, tier=tier, gpu=g, lane=None if alone else lanes[g],
                          pool=workers, **verify_kwargs).to_dict()
@@ -207,14 +197,14 @@ def _run_local(todo: list[Job], tier: str, verify_kwargs: dict[str, Any], parall
         workers = stack.enter_context(WarmPool.for_lanes(tier, n_lanes, parallel, verify_kwargs.get("limits") or Limits(),
                                                          limit=len(todo))) if warm else None
         with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
-            for f in [pool.submit(one, k, j) for k, j in enumerate(todo)]:
+            for f in [pool.submit(one, j) for j in todo]:
                 f.result()
         # retries run in rounds, one alone on each GPU, and the judge's cached GPU memory is handed back
         # before each round, while no retry runs: what runs out of memory now is the kernel's doing
         with ThreadPoolExecutor(max_workers=n_lanes) as pool:
             for r in range(0, len(crowded), n_lanes):
                 _release_gpu_cache()
-                for f in [pool.submit(one, g, job, True) for g, job in enumerate(crowded[r:r + n_lanes])]:
+                for f in [pool.submit(evaluate, g, job, True) for g, job in enumerate(crowded[r:r + n_lanes])]:
                     f.result()
 
 

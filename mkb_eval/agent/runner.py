@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
-import itertools
 import traceback
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -40,7 +39,7 @@ class VerificationPool:
     """Verifies submissions in threads.
 
     CPU tier: each verification is its own set of subprocesses, ``workers`` at a time. GPU tier:
-    submissions are spread over the GPUs round-robin, each GPU with one timing lane of the
+    each submission goes to the GPU with the fewest in flight when it starts, each GPU with one timing lane of the
     verifier (imports, compiles and correctness draws overlap; a timed phase has its GPU alone).
     ``warm`` keeps workers started ahead of need, so an attempt's next evaluation skips the
     interpreter and toolchain start-up.
@@ -56,30 +55,29 @@ class VerificationPool:
         self._verify = verify_fn
         self._limits = limits
         self._pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="mkb-verify")
-        self._lanes: list[Any] = []
+        self._lanes: Any = None
         if tier == "gpu":
-            from mkb_eval.harness.lanes import GpuLane
+            from mkb_eval.harness.lanes import GpuLanes
 
-            self._lanes = [GpuLane(i) for i in range(gpus)]
-        self._next = itertools.count()
+            self._lanes = GpuLanes(gpus)
         self._warm = None
         if warm:            # each verification's worker started ahead of need (see harness.pool)
             from mkb_eval.harness.pool import WarmPool
             from mkb_eval.harness.verify import Limits
 
-            self._warm = WarmPool.for_lanes(tier, max(1, len(self._lanes)), workers, limits or Limits())
+            self._warm = WarmPool.for_lanes(tier, gpus if tier == "gpu" else 1, workers, limits or Limits())
 
-    def _run(self, problem: P.Problem, dsl: str, kernel: Path, gpu: int | None) -> dict[str, Any]:
+    def _run(self, problem: P.Problem, dsl: str, kernel: Path) -> dict[str, Any]:
         kw: dict[str, Any] = {"limits": self._limits} if self._limits is not None else {}
         if self._warm is not None:
             kw["pool"] = self._warm
-        if gpu is None:
+        if self._lanes is None:
             return self._verify(problem, dsl, kernel, tier="cpu", **kw).to_dict()
-        return self._verify(problem, dsl, kernel, tier="gpu", gpu=gpu, lane=self._lanes[gpu], **kw).to_dict()
+        with self._lanes.least_busy() as lane:
+            return self._verify(problem, dsl, kernel, tier="gpu", gpu=lane.index, lane=lane, **kw).to_dict()
 
     def submit(self, problem: P.Problem, dsl: str, kernel: Path) -> Future[dict[str, Any]]:
-        gpu = next(self._next) % len(self._lanes) if self._lanes else None
-        return self._pool.submit(self._run, problem, dsl, kernel, gpu)
+        return self._pool.submit(self._run, problem, dsl, kernel)
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)

@@ -73,3 +73,37 @@ class GpuLane:
             with self._cond:
                 self._exclusive = False
                 self._cond.notify_all()
+
+
+class GpuLanes:
+    """One lane per GPU, and where the next evaluation goes: the GPU with the fewest evaluations in
+    flight, the least recently chosen among equals. (Dealing jobs k % n lets slow ones pile up on
+    one GPU while another idles.)"""
+
+    def __init__(self, n: int) -> None:
+        self.lanes = [GpuLane(i) for i in range(max(1, n))]
+        self._busy = [0] * len(self.lanes)
+        self._last = [0] * len(self.lanes)
+        self._turn = 0
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self.lanes)
+
+    def __getitem__(self, index: int) -> GpuLane:
+        return self.lanes[index]
+
+    @contextlib.contextmanager
+    def least_busy(self) -> Iterator[GpuLane]:
+        """The chosen GPU's lane (``.index`` is the GPU), counted as busy for the block."""
+        with self._lock:
+            g = min(range(len(self.lanes)), key=lambda i: (self._busy[i], self._last[i]))
+            self._busy[g] += 1
+            self._turn += 1
+            self._last[g] = self._turn
+        try:
+            yield self.lanes[g]
+        finally:
+            with self._lock:
+                self._busy[g] -= 1
+

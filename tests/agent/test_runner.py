@@ -117,7 +117,8 @@ def test_source_error_blocks_its_skill_trial_and_is_rerun(tmp_path: Path) -> Non
 
 
 def test_gpu_tier_pool_spreads_over_gpus_with_one_lane_each(tmp_path: Path) -> None:
-    """Submissions go round-robin over the GPUs, each verified with that GPU's timing lane."""
+    """Each submission goes to the least busy GPU (in turn among equally busy ones), verified with that
+    GPU's timing lane."""
     from mkb_eval import problems as P
     from mkb_eval.agent.runner import VerificationPool
     from mkb_eval.harness.lanes import GpuLane

@@ -3,7 +3,7 @@
 import threading
 import time
 
-from mkb_eval.harness.lanes import GpuLane
+from mkb_eval.harness.lanes import GpuLane, GpuLanes
 
 
 def test_exclusive_never_overlaps_shared():
@@ -65,6 +65,19 @@ def test_a_shared_holder_steps_aside_for_a_waiting_timed_phase():
     with lane._cond:
         assert lane._shared == 1 and not lane._exclusive       # held again, and only by us
     lane.release_shared()
+
+
+def test_evaluations_go_to_the_least_busy_gpu_in_turn_among_equals():
+    lanes = GpuLanes(3)
+    with lanes.least_busy() as a:                 # a long evaluation keeps its GPU busy
+        seen = []
+        for _ in range(4):                        # short ones one after another: the idle GPUs in turn
+            with lanes.least_busy() as lane:
+                seen.append(lane.index)
+        with lanes.least_busy() as b, lanes.least_busy() as c:
+            assert {b.index, c.index} == {0, 1, 2} - {a.index}
+    assert a.index == 0 and seen == [1, 2, 1, 2]
+    assert lanes[1] is lanes.lanes[1] and len(lanes) == 3
 
 
 def test_each_gpu_keeps_a_timing_core_that_other_work_avoids(monkeypatch):
