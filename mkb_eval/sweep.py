@@ -176,7 +176,7 @@ def _run_local(todo: list[Job], tier: str, verify_kwargs: dict[str, Any], parall
             rec = verify(job.problem, job.dsl, job.kernel, tier=tier, gpu=g, lane=None if alone else lanes[g],
                          pool=workers, **verify_kwargs).to_dict()
         except Exception as e:  # noqa: BLE001 - the harness's own failure: this evaluation is retried next run
-            if not alone and parallel > 1 and _oom_text(f"{type(e).__name__}: {e}"):
+            if not alone and parallel > 1 and oom_text(f"{type(e).__name__}: {e}"):
                 crowded.append(job)    # the judge ran short of GPU memory beside the other evaluations
                 _release_gpu_cache()
                 return
@@ -211,14 +211,15 @@ def _run_local(todo: list[Job], tier: str, verify_kwargs: dict[str, Any], parall
 _OOM = ("OutOfMemoryError", "out of memory", "cudaErrorMemoryAllocation", "CUBLAS_STATUS_ALLOC_FAILED")
 
 
-def _oom_text(text: str) -> bool:
+def oom_text(text: str) -> bool:
+    """An error text that says GPU memory ran out (torch's, the CUDA runtime's or cuBLAS's words)."""
     return any(s in text for s in _OOM)
 
 
 def out_of_memory(rec: dict) -> bool:
     """A GPU evaluation that failed for want of GPU memory (torch's OutOfMemoryError, or the CUDA
     error an allocation outside torch's allocator raises)."""
-    return rec.get("tier") == "gpu" and rec.get("status") == "runtime_error" and _oom_text(rec.get("message") or "")
+    return rec.get("tier") == "gpu" and rec.get("status") == "runtime_error" and oom_text(rec.get("message") or "")
 
 
 def _visible_gpus() -> int:

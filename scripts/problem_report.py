@@ -230,7 +230,9 @@ def main() -> int:
     run(jobs, 2 * max(1, n_gpu))
     # peak memory needs the GPU to itself: a reference that ran out of memory beside the other
     # processes is measured again alone (the later row wins in the .rows.jsonl log too)
-    oom = [j for j in jobs if "OutOfMemoryError" in rows.get(int(Path(j[0]).name[:2]), {}).get("error", "")]
+    from mkb_eval.sweep import oom_text
+
+    oom = [j for j in jobs if oom_text(rows.get(int(Path(j[0]).name[:2]), {}).get("error", ""))]
     if oom:
         print(f"again, one at a time (out of memory beside the others): {[Path(j[0]).name[:2] for j in oom]}")
         run(oom, 1)
