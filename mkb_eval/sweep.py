@@ -178,7 +178,8 @@ def _run_local(todo: list[Job], tier: str, verify_kwargs: dict[str, Any], parall
         except Exception as e:  # noqa: BLE001 - the harness's own failure: this evaluation is retried next run
             if not alone and parallel > 1 and oom_text(f"{type(e).__name__}: {e}"):
                 crowded.append(job)    # the judge ran short of GPU memory beside the other evaluations
-                _release_gpu_cache()
+                with lanes.all_exclusive():        # the release takes the allocator's lock: never mid-timing
+                    _release_gpu_cache()
                 return
             sink.failed(job, f"{type(e).__name__}: {e}")
             traceback.print_exc()
