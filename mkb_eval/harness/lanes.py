@@ -22,7 +22,7 @@ class GpuLane:
 
     def __init__(self, index: int = 0) -> None:
         self.index = index
-        self._cond = threading.Condition()
+        self._cond = threading.Condition(threading.RLock())
         self._shared = 0
         self._exclusive = False
         self._waiting_exclusive = 0
@@ -41,14 +41,11 @@ class GpuLane:
     def yield_shared(self) -> bool:
         """Held shared: if a timed phase is waiting, let it (and any queued behind it) run, then hold
         shared again. Returns whether it stepped aside."""
-        with self._cond:
+        with self._cond:                # reentrant: the check and the hand-over are one step
             if not self._waiting_exclusive:
                 return False
-            self._shared -= 1
-            self._cond.notify_all()
-            while self._exclusive or self._waiting_exclusive:
-                self._cond.wait()
-            self._shared += 1
+            self.release_shared()
+            self.acquire_shared()
             return True
 
     @contextlib.contextmanager

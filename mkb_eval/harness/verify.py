@@ -472,14 +472,15 @@ def _run_gpu(rec: VerificationRecord, prob: P.Problem, dsl: str, w: _Worker, siz
         rec.stdout_tail, rec.stderr_tail = _tail(w.stdout), _tail(w.stderr)
         rec.stages_s.update(_stage_times(w))
         rec.sandbox = w.facts()
-    held = _Held(lane)
+    held.waited = 0.0
+    held.acquire()
     try:
         rec.stages_s["recheck_lane_wait"] = round(held.waited, 3)
         if not _judge_rechecks(rec, judge, job, out, between=held.step_aside):
             return
     finally:
         held.release()
-        rec.stages_s["lane_step_aside"] = round(rec.stages_s.get("lane_step_aside", 0.0) + held.stepped_aside, 3)
+        rec.stages_s["lane_step_aside"] = round(held.stepped_aside, 3)     # phase 1 and rechecks
     rec.timing = timing
     rec.status, rec.stage = "ok", "done"
     rec.message = (f"passed {CORRECTNESS_DRAWS} draws + {RECHECKS} timed rechecks; {timing.kernel_ms:.4f} ms vs eager "
