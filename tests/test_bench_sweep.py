@@ -56,6 +56,16 @@ def test_summary_adds_up_parts_and_compares_gpu_counts(tmp_path):
     assert "CV ≤ 1% for 2 of 2 event-timed medians and 2 of 2 device times. Under load within 1%: 1 of 2 medians" in md
 
 
+def test_scaling_comes_from_unrounded_rates(tmp_path):
+    """Session 8's sweeps: 148 in 582.5 s and in 325.3 s are 15.2 and 27.3 per minute (1.796), 1.79x."""
+    recs = [_rec(i, d, 1.0) for i in range(1, 75) for d in ("cutedsl", "tirx")]
+    _write(tmp_path / "sweep_1gpu.jsonl", recs)
+    _write(tmp_path / "sweep_2gpu.jsonl", recs)
+    _write(tmp_path / "parts.jsonl", [_part("sweep", "sweep_1gpu.jsonl", 1, 582.5),
+                                       _part("sweep", "sweep_2gpu.jsonl", 2, 325.3)])
+    two = max(bench.summary(tmp_path)["sweeps"], key=lambda s: s["gpus"])
+    assert (two["per_minute"], two["scaling"]) == (27.3, 1.79)
+
 def test_cpu_sweep_cut_by_the_deadline_resumes(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "CUTE_DSL_ARCH": "sm_90a"}
     cmd = [sys.executable, str(ROOT / "scripts" / "bench_sweep.py"), "--out", str(tmp_path), "--tier", "cpu",
