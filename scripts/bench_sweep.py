@@ -66,7 +66,9 @@ def sweep(out: Path, log: Path, *, stage: str, tier: str, parallel: int, warm: b
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(gpus))
     cores = sorted(os.sched_getaffinity(0))[:cpus] if cpus else None
     before = len(records(out))
-    cpu0 = cpu_times()
+    cpu0, busy0 = cpu_times(), core_times(cores)
+    samples = out.parent / f"gpu_busy_{out.stem}.csv"
+    sampler = gpu_sampler(samples) if gpus else None
     t0 = time.perf_counter()
     try:
         subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, check=False, timeout=max(1.0, deadline - time.time()),
@@ -74,11 +76,17 @@ def sweep(out: Path, log: Path, *, stage: str, tier: str, parallel: int, warm: b
         cut = False
     except subprocess.TimeoutExpired:
         cut = True
-    cpu1 = cpu_times()
+    if sampler is not None:
+        sampler.terminate()
+        sampler.wait()
+    cpu1, busy1 = cpu_times(), core_times(cores)
     total = sum(cpu1) - sum(cpu0)
+    spent = [b - a for a, b in zip(busy0, busy1)]
     part = {"stage": stage, "file": out.name, "gpus": gpus, "cpus": len(cores) if cores else os.cpu_count(),
             "parallel": parallel, "warm": warm,
             "steal": round((cpu1[7] - cpu0[7]) / total, 4) if total > 0 and len(cpu1) > 7 else None,
+            "cpu_busy": round(spent[0] / spent[1], 3) if len(spent) == 2 and spent[1] > 0 else None,
+            "gpu_busy": gpu_busy(samples, gpus) if gpus else None,
             "wall_s": round(time.perf_counter() - t0, 1), "added": len(records(out)) - before, "cut": cut,
             "at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     append_jsonl(log, part)
@@ -94,6 +102,51 @@ def cpu_times() -> list[int]:
             return [int(x) for x in f.readline().split()[1:]]
     except (OSError, ValueError):
         return []
+
+
+def core_times(cores: list[int] | None) -> list[int]:
+    """[busy, total] CPU time counters summed over ``cores`` (all when None): how much of the cores a
+    sweep was given it kept busy, which tells a CPU-bound sweep from a GPU-bound one."""
+    busy = total = 0
+    try:
+        with open("/proc/stat") as f:
+            for line in f:
+                name, *xs = line.split()
+                if not name.startswith("cpu") or name == "cpu" or (cores and int(name[3:]) not in cores):
+                    continue
+                v = [int(x) for x in xs]
+                total += sum(v[:8])
+                busy += sum(v[:8]) - v[3] - v[4]          # all but idle and iowait
+    except (OSError, ValueError):
+        return []
+    return [busy, total]
+
+
+def gpu_sampler(path: Path) -> subprocess.Popen | None:
+    """nvidia-smi sampling every GPU's utilization twice a second into ``path`` (None without it)."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    with open(path, "w") as f:
+        return subprocess.Popen([exe, "--query-gpu=index,utilization.gpu", "--format=csv,noheader,nounits",
+                                 "-lms", "500"], stdout=f, stderr=subprocess.DEVNULL)
+
+
+def gpu_busy(path: Path, gpus: int) -> list[float] | None:
+    """Mean utilization (0-1: the share of time a kernel ran) of GPUs 0..gpus-1 over the samples."""
+    by: dict[int, list[float]] = {}
+    try:
+        text = path.read_text()
+        path.unlink()
+    except OSError:
+        return None
+    for line in text.split("\n")[:-1]:                  # after the last newline: a line cut by the stop
+        try:
+            i, u = line.split(",")
+            by.setdefault(int(i), []).append(float(u) / 100)
+        except ValueError:
+            continue                                    # "[N/A]"
+    return [round(statistics.mean(by[i]), 3) for i in range(gpus) if by.get(i)] or None
 
 
 def stage_means(recs: list[dict]) -> dict[str, float]:
@@ -127,7 +180,8 @@ def summary(d: Path) -> dict:
             "gpus": mine[0]["gpus"], "cpus": mine[0].get("cpus"), "parallel": mine[0]["parallel"], "evaluations": len(recs), "wall_s": round(wall, 1),
             "calls": len(mine), "complete": not mine[-1]["cut"],
             "per_minute": round(60 * len(recs) / wall, 1) if wall else None,
-            "passed": sum(r["status"] in ("ok", "unverified") for r in recs), "stage_means_s": stage_means(recs)})
+            "passed": sum(r["status"] in ("ok", "unverified") for r in recs), "stage_means_s": stage_means(recs),
+            **_busy(mine)})
     base = min(report["sweeps"], key=lambda s: s["gpus"] or 0) if report["sweeps"] else None
     def rate(s: dict) -> float:          # unrounded: 27.3 / 15.2 per minute reads 1.8x, 1.79x measured
         return s["evaluations"] / s["wall_s"] if s["wall_s"] else 0.0
@@ -165,6 +219,19 @@ def summary(d: Path) -> dict:
     return report
 
 
+def _busy(mine: list[dict]) -> dict:
+    """The sweep's parts' CPU and GPU busy shares, weighted by their wall time (parts without them left out)."""
+    out = {}
+    for k in ("cpu_busy", "gpu_busy"):
+        have = [p for p in mine if p.get(k) is not None]
+        wall = sum(p["wall_s"] for p in have)
+        if have and wall:
+            vals = [[v] if isinstance(v, float) else v for v in (p[k] for p in have)]
+            mean = [round(sum(v[i] * p["wall_s"] for v, p in zip(vals, have)) / wall, 3) for i in range(len(vals[0]))]
+            out[k] = mean[0] if k == "cpu_busy" else mean
+    return out
+
+
 def _spread(xs: list[float], load: float | None) -> dict:
     """Coefficient of variation of three medians, and how far the one under load moved from their mean."""
     m = statistics.mean(xs)
@@ -175,11 +242,13 @@ def _spread(xs: list[float], load: float | None) -> dict:
 def markdown(report: dict) -> str:
     lines = ["# Sweep benchmark (GPU tier, warm workers; torch.compile times from the cache, the eager reference "
              "timed once per problem in each sweep)", "",
-             "| GPUs | CPU cores | in flight | evaluations | passed | wall s | device calls | per minute | scaling |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| GPUs | CPU cores | in flight | evaluations | passed | wall s | device calls | per minute | scaling "
+             "| cores busy | GPU busy |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for s in report["sweeps"]:
+        gpu = ", ".join(f"{x:.0%}" for x in s.get("gpu_busy") or []) or "-"
         lines.append(f"| {s['gpus']} | {s.get('cpus') or '-'} | {s['parallel']} | {s['evaluations']} | {s['passed']} | {s['wall_s']} | "
-                     f"{s['calls']}{'' if s['complete'] else ' (cut)'} | {s['per_minute']} | {s['scaling']}x |")
+                     f"{s['calls']}{'' if s['complete'] else ' (cut)'} | {s['per_minute']} | {s['scaling']}x | "
+                     f"{_f(s.get('cpu_busy'), '.0%')} | {gpu} |")
     if report["sweeps"]:
         lines += ["", "Mean seconds per evaluation by stage (stages overlap across evaluations in flight):", "",
                   "| GPUs | " + " | ".join(STAGES) + " |", "|---:|" + "---:|" * len(STAGES)]

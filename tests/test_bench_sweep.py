@@ -66,6 +66,23 @@ def test_scaling_comes_from_unrounded_rates(tmp_path):
     two = max(bench.summary(tmp_path)["sweeps"], key=lambda s: s["gpus"])
     assert (two["per_minute"], two["scaling"]) == (27.3, 1.79)
 
+def test_busy_shares_are_weighted_by_wall_time(tmp_path):
+    _write(tmp_path / "sweep_1gpu.jsonl", [_rec(1, "tirx", 1.0)])
+    _write(tmp_path / "parts.jsonl", [{**_part("sweep", "sweep_1gpu.jsonl", 1, 50.0, cut=True), "cpu_busy": 0.5, "gpu_busy": [0.4]},
+                                       {**_part("sweep", "sweep_1gpu.jsonl", 1, 150.0), "cpu_busy": 1.0, "gpu_busy": [0.8]}])
+    one = bench.summary(tmp_path)["sweeps"][0]
+    assert (one["cpu_busy"], one["gpu_busy"]) == (0.875, [0.7])
+    assert "| 88% | 70% |" in (tmp_path / "README.md").read_text()
+
+
+def test_gpu_samples_skip_torn_lines_and_name_only_the_swept_gpus(tmp_path):
+    f = tmp_path / "gpu.csv"
+    f.write_text("0, 50\n1, 100\n0, 70\n1, [N/A]\n0, 6")     # the last line cut by the sampler's stop
+    assert bench.gpu_busy(f, 1) == [0.6] and not f.exists()
+    assert bench.gpu_busy(f, 1) is None                         # no samples: nothing claimed
+    busy, total = bench.core_times([0])
+    assert 0 <= busy <= total
+
 def test_cpu_sweep_cut_by_the_deadline_resumes(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "CUTE_DSL_ARCH": "sm_90a"}
     cmd = [sys.executable, str(ROOT / "scripts" / "bench_sweep.py"), "--out", str(tmp_path), "--tier", "cpu",
