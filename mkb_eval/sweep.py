@@ -164,7 +164,16 @@ def _run_local(todo: list[Job], tier: str, verify_kwargs: dict[str, Any], parall
     from mkb_eval.harness.verify import Limits, verify
 
     lanes = GpuLanes(n_lanes)
+    limits = verify_kwargs.get("limits") or Limits()
     crowded: list[Job] = []
+
+    def crowded_out(job: Job) -> None:
+        """Run ``job`` again at the end, alone on GPU ``k % n`` (k: its place among the retries),
+        with a worker started ahead there like every other job's (a cold start cost ~10 s)."""
+        crowded.append(job)
+        if workers is not None:
+            workers.allow(1)
+            workers.fill(tier, (len(crowded) - 1) % n_lanes, limits)
 
     def one(job: Job) -> None:
         with lanes.least_busy() as lane:
@@ -177,7 +186,7 @@ def _run_local(todo: list[Job], tier: str, verify_kwargs: dict[str, Any], parall
                          pool=workers, **verify_kwargs).to_dict()
         except Exception as e:  # noqa: BLE001 - the harness's own failure: this evaluation is retried next run
             if not alone and parallel > 1 and oom_text(f"{type(e).__name__}: {e}"):
-                crowded.append(job)    # the judge ran short of GPU memory beside the other evaluations
+                crowded_out(job)       # the judge ran short of GPU memory beside the other evaluations
                 with lanes.all_exclusive():        # the release takes the allocator's lock: never mid-timing
                     _release_gpu_cache()
                 return
@@ -185,7 +194,7 @@ def _run_local(todo: list[Job], tier: str, verify_kwargs: dict[str, Any], parall
             traceback.print_exc()
             return
         if not alone and parallel > 1 and out_of_memory(rec):
-            crowded.append(job)        # GPU memory is shared by the evaluations in flight: not yet the kernel's fault
+            crowded_out(job)           # GPU memory is shared by the evaluations in flight: not yet the kernel's fault
             return
         if alone:
             rec["flags"].append("retried_alone_after_oom")
@@ -195,8 +204,7 @@ def _run_local(todo: list[Job], tier: str, verify_kwargs: dict[str, Any], parall
         n_gpus = n_lanes if tier == "gpu" else _visible_gpus()
         if n_gpus:
             stack.enter_context(keep_off_timing_cores(n_gpus))
-        workers = stack.enter_context(WarmPool.for_lanes(tier, n_lanes, parallel, verify_kwargs.get("limits") or Limits(),
-                                                         limit=len(todo))) if warm else None
+        workers = stack.enter_context(WarmPool.for_lanes(tier, n_lanes, parallel, limits, limit=len(todo))) if warm else None
         with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
             for f in [pool.submit(one, j) for j in todo]:
                 f.result()

@@ -112,6 +112,28 @@ def test_out_of_memory_beside_other_evaluations_is_retried_alone(monkeypatch):
     assert sorted(c[0] for c in alone) == [28, 29, 30]
     assert {c[3] for c in alone} == {0, 1}                             # side by side, one per GPU
 
+    from mkb_eval.harness import pool as W
+
+    class Pool:                                # warm workers: each retry gets one started ahead on its GPU
+        allowed, filled = 0, []
+
+        def allow(self, n):
+            self.allowed += n
+
+        def fill(self, tier, gpu, limits):
+            self.filled.append(gpu)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *a):
+            pass
+
+    fake = Pool()
+    monkeypatch.setattr(W.WarmPool, "for_lanes", classmethod(lambda cls, *a, **k: fake))
+    S._run_local(jobs, "gpu", {}, parallel=3, n_lanes=2, sink=Sink(), warm=True)
+    assert fake.allowed == 3 and sorted(fake.filled) == [0, 0, 1]
+
 
 def test_each_evaluation_goes_to_the_gpu_with_the_fewest_in_flight(monkeypatch):
     """A slow evaluation holds one GPU; the jobs after it go to the other GPU instead of queueing

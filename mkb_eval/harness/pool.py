@@ -57,6 +57,13 @@ class WarmPool:
             while len(idle) < self.per_key and (self.limit is None or self.spawned < self.limit):
                 idle.append(self._spawn(tier, gpu, limits))
 
+    def allow(self, n: int = 1) -> None:
+        """Start ``n`` more workers than the limit first said: evaluations that will run again
+        (a retry alone after running out of memory) then start warm too."""
+        with self._lock:
+            if self.limit is not None:
+                self.limit += n
+
     def take(self, tier: str, gpu: int, limits: Any) -> Any | None:
         """A live started worker for this evaluation (or None), replaced at once by a new one."""
         key = self._key(tier, gpu, limits)

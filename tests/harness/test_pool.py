@@ -42,3 +42,22 @@ def test_a_worker_whose_parent_leaves_without_a_job_exits_cleanly():
     w.proc.stdin.close()
     assert w.proc.wait(timeout=120) == 0
     w.kill()
+
+
+def test_allow_starts_a_worker_ahead_for_an_evaluation_run_again(monkeypatch):
+    """A sweep's limit is its job count; a job crowded out of GPU memory runs again, and its retry
+    should find a warm worker like every other job instead of starting one cold."""
+    class Fake:
+        class proc:
+            @staticmethod
+            def poll():
+                return None
+
+    pool = WarmPool(per_key=1, limit=1)
+    monkeypatch.setattr(pool, "_spawn", lambda *a: (setattr(pool, "spawned", pool.spawned + 1), Fake())[1])
+    pool.fill("gpu", 0, Limits())
+    assert pool.take("gpu", 0, Limits()) is not None and pool.spawned == 1     # the limit: no replacement
+    pool.allow(1)
+    pool.fill("gpu", 0, Limits())
+    assert pool.spawned == 2 and pool.take("gpu", 0, Limits()) is not None
+    assert pool.take("gpu", 0, Limits()) is None and pool.spawned == 2        # and no more than that
