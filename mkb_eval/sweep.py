@@ -35,6 +35,30 @@ def shipped_jobs(problems: Iterable[P.Problem], dsls: Iterable[str]) -> list[Job
     return [Job(p, d, p.solution_path(d)) for p in problems for d in dsls if p.solution_path(d).exists()]
 
 
+def spread_order(jobs: list[Job]) -> list[Job]:
+    """The order a local sweep starts ``jobs`` in: families dealt in turn, and a problem's second
+    kernel half a sweep after its first (the two DSLs take turns going first).
+
+    Evaluations in flight share their GPU's memory, and a family's problems are alike: in id order
+    the MoE layers (44-51) ran together and four of them ran a GPU short of memory. A second kernel
+    started apart from the first also finds the problem's eager time already cached.
+    """
+    by_problem: dict[int, list[Job]] = {}
+    families: dict[str, list[int]] = {}
+    for j in jobs:
+        if j.problem.id not in by_problem:
+            families.setdefault(j.problem.family, []).append(j.problem.id)
+        by_problem.setdefault(j.problem.id, []).append(j)
+    turns: list[list[Job]] = []                       # one per problem, in the dealt order
+    for i in range(max(map(len, families.values()), default=0)):
+        for ids in families.values():
+            if i < len(ids):
+                mine = by_problem[ids[i]]
+                k = i % len(mine)                     # within a family the DSLs take turns going first
+                turns.append(mine[k:] + mine[:k])
+    return [t[r] for r in range(max(map(len, turns), default=0)) for t in turns if r < len(t)]
+
+
 def folder_jobs(folder: Path, problems: Iterable[P.Problem]) -> list[Job]:
     """Kernels named ``<NN>_<dsl>.py`` or ``<NN>/<dsl>.py`` in a folder."""
     by_id = {p.id: p for p in problems}
@@ -206,7 +230,7 @@ def _run_local(todo: list[Job], tier: str, verify_kwargs: dict[str, Any], parall
             stack.enter_context(keep_off_timing_cores(n_gpus))
         workers = stack.enter_context(WarmPool.for_lanes(tier, n_lanes, parallel, limits, limit=len(todo))) if warm else None
         with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
-            for f in [pool.submit(one, j) for j in todo]:
+            for f in [pool.submit(one, j) for j in spread_order(todo)]:
                 f.result()
         # retries run in rounds, one alone on each GPU, and the judge's cached GPU memory is handed back
         # before each round, while no retry runs: what runs out of memory now is the kernel's doing

@@ -190,3 +190,23 @@ def test_stage_table_says_where_the_time_went():
     assert "| worker start and imports (warm: taking a started worker) | 2 | 3.00 | 6.0 |" in t
     assert "| timing | 1 | 1.00 | 1.0 |" in t and "| total, one evaluation | 2 | 15.00 | 30.0 |" in t
     assert "3 evaluations in 30.0 s (6.0 per minute)" in t and "eager" not in t
+
+
+def test_spread_order_deals_families_in_turn_and_puts_a_problems_kernels_apart():
+    from collections import Counter
+
+    from mkb_eval import problems as P
+    from mkb_eval import sweep as S
+
+    jobs = S.shipped_jobs(P.load_all(), list(P.DSLS))
+    order = S.spread_order(jobs)
+    assert sorted(map(id, order)) == sorted(map(id, jobs))                 # the same jobs, each once
+    n_fam = len({j.problem.family for j in jobs})
+    first = Counter(j.problem.family for j in order[:2 * n_fam])
+    assert max(first.values()) == 2                                        # 12 in flight: two of each family
+    pos = {(j.problem.id, j.dsl): k for k, j in enumerate(order)}
+    gaps = [abs(pos[(p, "tirx")] - pos[(p, "cutedsl")]) for p in {j.problem.id for j in jobs}]
+    assert min(gaps) >= len(jobs) // 4
+    moe = [j for j in order if j.problem.family == "moe"][:8]              # the first half: DSLs take turns
+    assert Counter(j.dsl for j in moe) == Counter({"cutedsl": 4, "tirx": 4})
+    assert S.spread_order([]) == []
