@@ -192,7 +192,7 @@ def _run_local(todo: list[Job], tier: str, verify_kwargs: dict[str, Any], parall
     crowded: list[Job] = []
 
     def crowded_out(job: Job) -> None:
-        """Run ``job`` again at the end, alone on GPU ``k % n`` (k: its place among the retries),
+        """Run ``job`` again at the end, alone on GPU ``k % n_lanes`` (k: its place among the retries),
         with a worker started ahead there like every other job's (a cold start cost ~10 s)."""
         crowded.append(job)
         if workers is not None:
@@ -237,7 +237,7 @@ def _run_local(todo: list[Job], tier: str, verify_kwargs: dict[str, Any], parall
         with ThreadPoolExecutor(max_workers=n_lanes) as pool:
             for r in range(0, len(crowded), n_lanes):
                 _release_gpu_cache()
-                for f in [pool.submit(evaluate, g, job, True) for g, job in enumerate(crowded[r:r + n_lanes])]:
+                for f in [pool.submit(evaluate, k % n_lanes, job, True) for k, job in enumerate(crowded[r:r + n_lanes], r)]:
                     f.result()
 
 

@@ -66,7 +66,7 @@ def sweep(out: Path, log: Path, *, stage: str, tier: str, parallel: int, warm: b
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(gpus))
     cores = sorted(os.sched_getaffinity(0))[:cpus] if cpus else None
     before = len(records(out))
-    cpu0, busy0 = cpu_times(), core_times(cores)
+    host0, mine0 = cpu_times(), cpu_times(cores)
     samples = out.parent / f"gpu_busy_{out.stem}.csv"
     sampler = gpu_sampler(samples) if gpus else None
     t0 = time.perf_counter()
@@ -79,13 +79,12 @@ def sweep(out: Path, log: Path, *, stage: str, tier: str, parallel: int, warm: b
     if sampler is not None:
         sampler.terminate()
         sampler.wait()
-    cpu1, busy1 = cpu_times(), core_times(cores)
-    total = sum(cpu1) - sum(cpu0)
-    spent = [b - a for a, b in zip(busy0, busy1)]
+    host = [b - a for a, b in zip(host0, cpu_times())]
+    mine = [b - a for a, b in zip(mine0, cpu_times(cores))][:8]       # guest time is inside user time
     part = {"stage": stage, "file": out.name, "gpus": gpus, "cpus": len(cores) if cores else os.cpu_count(),
             "parallel": parallel, "warm": warm,
-            "steal": round((cpu1[7] - cpu0[7]) / total, 4) if total > 0 and len(cpu1) > 7 else None,
-            "cpu_busy": round(spent[0] / spent[1], 3) if len(spent) == 2 and spent[1] > 0 else None,
+            "steal": round(host[7] / sum(host), 4) if len(host) > 7 and sum(host) > 0 else None,
+            "cpu_busy": round(1 - (mine[3] + mine[4]) / sum(mine), 3) if len(mine) > 4 and sum(mine) > 0 else None,
             "gpu_busy": gpu_busy(samples, gpus) if gpus else None,
             "wall_s": round(time.perf_counter() - t0, 1), "added": len(records(out)) - before, "cut": cut,
             "at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
@@ -94,20 +93,11 @@ def sweep(out: Path, log: Path, *, stage: str, tier: str, parallel: int, warm: b
     return part
 
 
-def cpu_times() -> list[int]:
-    """The host's CPU time counters (/proc/stat "cpu" line; the 8th is steal: time a virtual
-    machine's CPUs waited for the hypervisor), or [] where there are none."""
-    try:
-        with open("/proc/stat") as f:
-            return [int(x) for x in f.readline().split()[1:]]
-    except (OSError, ValueError):
-        return []
-
-
-def core_times(cores: list[int] | None) -> list[int]:
-    """[busy, total] CPU time counters summed over ``cores`` (all when None): how much of the cores a
-    sweep was given it kept busy, which tells a CPU-bound sweep from a GPU-bound one."""
-    busy = total = 0
+def cpu_times(cores: list[int] | None = None) -> list[int]:
+    """CPU time counters from /proc/stat, summed over ``cores`` (the whole host when None), or []
+    where there are none. The 4th and 5th are idle and iowait (what is left is how busy a sweep kept
+    the cores it was given), the 8th steal: time a virtual machine's CPUs waited for the hypervisor."""
+    out: list[int] = []
     try:
         with open("/proc/stat") as f:
             for line in f:
@@ -115,11 +105,10 @@ def core_times(cores: list[int] | None) -> list[int]:
                 if not name.startswith("cpu") or name == "cpu" or (cores and int(name[3:]) not in cores):
                     continue
                 v = [int(x) for x in xs]
-                total += sum(v[:8])
-                busy += sum(v[:8]) - v[3] - v[4]          # all but idle and iowait
+                out = [a + b for a, b in zip(out, v)] if out else v
     except (OSError, ValueError):
         return []
-    return [busy, total]
+    return out
 
 
 def gpu_sampler(path: Path) -> subprocess.Popen | None:
@@ -222,14 +211,16 @@ def summary(d: Path) -> dict:
 
 def _busy(mine: list[dict]) -> dict:
     """The sweep's parts' CPU and GPU busy shares, weighted by their wall time (parts without them left out)."""
-    out = {}
-    for k in ("cpu_busy", "gpu_busy"):
-        have = [p for p in mine if p.get(k) is not None]
-        wall = sum(p["wall_s"] for p in have)
-        if have and wall:
-            vals = [[v] if isinstance(v, float) else v for v in (p[k] for p in have)]
-            mean = [round(sum(v[i] * p["wall_s"] for v, p in zip(vals, have)) / wall, 3) for i in range(len(vals[0]))]
-            out[k] = mean[0] if k == "cpu_busy" else mean
+    def weighted(pairs: list[tuple[float, float]]) -> float:
+        return round(sum(x * w for x, w in pairs) / sum(w for _, w in pairs), 3)
+
+    out: dict = {}
+    cpu = [p for p in mine if p.get("cpu_busy") is not None and p["wall_s"]]
+    if cpu:
+        out["cpu_busy"] = weighted([(p["cpu_busy"], p["wall_s"]) for p in cpu])
+    gpu = [p for p in mine if p.get("gpu_busy") and p["wall_s"]]
+    if gpu:
+        out["gpu_busy"] = [weighted([(p["gpu_busy"][i], p["wall_s"]) for p in gpu]) for i in range(len(gpu[0]["gpu_busy"]))]
     return out
 
 

@@ -65,7 +65,8 @@ class VerificationPool:
             from mkb_eval.harness.pool import WarmPool
             from mkb_eval.harness.verify import Limits
 
-            self._warm = WarmPool.for_lanes(tier, gpus if tier == "gpu" else 1, workers, limits or Limits())
+            self._warm = WarmPool.for_lanes(tier, len(self._lanes) if self._lanes is not None else 1, workers,
+                                            limits or Limits())
 
     def _run(self, problem: P.Problem, dsl: str, kernel: Path) -> dict[str, Any]:
         kw: dict[str, Any] = {"limits": self._limits} if self._limits is not None else {}
