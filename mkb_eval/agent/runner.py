@@ -47,6 +47,7 @@ class VerificationPool:
 
     def __init__(self, tier: str, workers: int, gpus: int = 0, verify_fn: Verify | None = None,
                  limits: Any = None, warm: bool = False) -> None:
+        real = verify_fn is None
         if verify_fn is None:
             from mkb_eval.harness.verify import verify as verify_fn
         if tier == "gpu" and gpus < 1:
@@ -59,7 +60,7 @@ class VerificationPool:
         if tier == "gpu":
             from mkb_eval.harness.lanes import GpuLanes
 
-            self._lanes = GpuLanes(gpus)
+            self._lanes = GpuLanes(gpus, reference_timers=real and workers > 1)
         self._warm = None
         if warm:            # each verification's worker started ahead of need (see harness.pool)
             from mkb_eval.harness.pool import WarmPool
@@ -84,6 +85,8 @@ class VerificationPool:
         self._pool.shutdown(wait=True, cancel_futures=True)
         if self._warm is not None:
             self._warm.close()
+        if self._lanes is not None:
+            self._lanes.close()
 
 
 @dataclass

@@ -152,8 +152,8 @@ def baseline_cached(problem: Problem, size: str, env: dict[str, Any], cache_dir:
     try:
         ms, err = float(measure()), None
     except Exception as e:  # noqa: BLE001 - torch.compile failing on a reference is a recorded fact
-        if kind != "compile":
-            raise
+        if kind != "compile" or isinstance(e, (ChildProcessError, TimeoutError)):
+            raise                 # (the timer process failing is no fact about the reference)
         ms, err = None, f"{type(e).__name__}: {str(e)[:300]}"
     cache_dir.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as f:

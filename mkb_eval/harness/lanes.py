@@ -13,15 +13,23 @@ before every timed phase, made the lane the bottleneck of a 1-GPU sweep).
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from collections.abc import Iterator
+from typing import Any
+
+
+def physical_gpu(index: int) -> str:
+    """The CUDA_VISIBLE_DEVICES entry for this process's GPU ``index`` (respects an inherited mask)."""
+    mask = [x for x in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if x.strip()]
+    return mask[index] if index < len(mask) else str(index)
 
 
 class GpuLane:
-    """A readers-writer lock for one GPU."""
+    """A readers-writer lock for one GPU, and the GPU's baseline timer process where there is one."""
 
-    def __init__(self, index: int = 0) -> None:
-        self.index = index
+    def __init__(self, index: int = 0, timer: Any = None) -> None:
+        self.index, self.timer = index, timer
         self._cond = threading.Condition(threading.RLock())
         self._shared = 0
         self._exclusive = False
@@ -75,10 +83,16 @@ class GpuLane:
 class GpuLanes:
     """One lane per GPU, and where the next evaluation goes: the GPU with the fewest evaluations in
     flight, the least recently chosen among equals. (Dealing jobs k % n lets slow ones pile up on
-    one GPU while another idles.)"""
+    one GPU while another idles.) With ``reference_timers`` each GPU gets a process that times the
+    PyTorch baselines away from this process's threads (:mod:`mkb_eval.harness.reference_timer`);
+    ``close`` ends them."""
 
-    def __init__(self, n: int) -> None:
-        self.lanes = [GpuLane(i) for i in range(max(1, n))]
+    def __init__(self, n: int, reference_timers: bool = False) -> None:
+        timer = None
+        if reference_timers:
+            from mkb_eval.harness.reference_timer import ReferenceTimer
+            timer = lambda i: ReferenceTimer(i, physical_gpu(i))  # noqa: E731
+        self.lanes = [GpuLane(i, timer(i) if timer else None) for i in range(max(1, n))]
         self._busy = [0] * len(self.lanes)
         self._last = [0] * len(self.lanes)
         self._turn = 0
@@ -86,6 +100,11 @@ class GpuLanes:
 
     def __len__(self) -> int:
         return len(self.lanes)
+
+    def close(self) -> None:
+        for lane in self.lanes:
+            if lane.timer is not None:
+                lane.timer.close()
 
     def __getitem__(self, index: int) -> GpuLane:
         return self.lanes[index]

@@ -29,7 +29,7 @@ from mkb_eval import problems as P
 from mkb_eval.env import describe
 from mkb_eval.harness import cores
 from mkb_eval.harness.channel import read_messages
-from mkb_eval.harness.lanes import GpuLane
+from mkb_eval.harness.lanes import GpuLane, physical_gpu
 from mkb_eval.harness.policy import check_source
 from mkb_eval.harness.sandbox import (Sandbox, SandboxConfig, code_root, pythonpath_first, repo_root,
                                      session_usage)
@@ -465,8 +465,7 @@ def _run_gpu(rec: VerificationRecord, prob: P.Problem, dsl: str, w: _Worker, siz
                 _fail_from_worker(rec, w, how, limits.timing_s)
                 return
             w.kill()
-            with _pinned(job["timing_cpu"]):             # the eager host path gets the timing core too
-                timing = _baselines(rec, prob, judge, job, size, fin, compile_baseline, cache_dir, reuse_eager)
+            timing = _baselines(rec, prob, judge, job, size, fin, compile_baseline, cache_dir, reuse_eager, lane.timer)
     finally:
         w.kill()
         rec.stdout_tail, rec.stderr_tail = _tail(w.stdout), _tail(w.stderr)
@@ -511,14 +510,8 @@ def spawn_worker(tier: str, gpu: int, limits: Limits, preload: bool = False) -> 
     for sub in ("work", "tmp", "out", "dump", "cache", "cute_cache", "tvm", "home"):
         (root / sub).mkdir()
     env = ({"CUTE_DSL_ARCH": "sm_90a", "CUTE_DSL_KEEP": "ptx,cubin", "CUTE_DSL_DUMP_DIR": str(root / "dump"),
-            "CUDA_VISIBLE_DEVICES": ""} if tier == "cpu" else {"CUDA_VISIBLE_DEVICES": _physical_gpu(gpu)})
+            "CUDA_VISIBLE_DEVICES": ""} if tier == "cpu" else {"CUDA_VISIBLE_DEVICES": physical_gpu(gpu)})
     return _Worker(root, limits, env, preload)
-
-
-def _physical_gpu(index: int) -> str:
-    """The CUDA_VISIBLE_DEVICES entry for this process's GPU ``index`` (respects an inherited mask)."""
-    mask = [x for x in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if x.strip()]
-    return mask[index] if index < len(mask) else str(index)
 
 
 class _Held:
@@ -628,8 +621,10 @@ def _judge_rechecks(rec: VerificationRecord, judge: Any, job: dict[str, Any], ou
 
 
 def _baselines(rec: VerificationRecord, prob: P.Problem, judge: Any, job: dict[str, Any], size: str,
-               fin: dict[str, Any], compile_baseline: bool | str, cache_dir: Path, reuse_eager: bool = False) -> Timing:
-    """Kernel timing summary plus eager and torch.compile baselines (same GPU, same seeds)."""
+               fin: dict[str, Any], compile_baseline: bool | str, cache_dir: Path, reuse_eager: bool = False,
+               timer: Any = None) -> Timing:
+    """Kernel timing summary plus eager and torch.compile baselines (same GPU, same seeds), timed on the
+    GPU's timing core: by the GPU's reference ``timer`` process where there is one (a sweep), else here."""
     import statistics
 
     from mkb_eval.harness.judge import baseline_cached
@@ -641,24 +636,23 @@ def _baselines(rec: VerificationRecord, prob: P.Problem, judge: Any, job: dict[s
                n_timed=TIMING_DRAWS, times_ms=[round(x, 5) for x in times])
     t0 = time.perf_counter()
 
-    def eager() -> float:
-        return judge.time_reference(job["warmup_seeds"], job["timing_seeds"])[0].median_ms
+    def reference_ms(compiled: bool) -> float:
+        if timer is not None:
+            return timer.time(prob.path, size, job["warmup_seeds"], job["timing_seeds"], compiled, job["timing_cpu"])[0]
+        with _pinned(job["timing_cpu"]):
+            return judge.time_reference(job["warmup_seeds"], job["timing_seeds"], compiled=compiled)[0].median_ms
 
     if reuse_eager:
-        t.eager_ms, cached, _ = baseline_cached(prob, size, rec.env, cache_dir, eager, kind="eager")
+        t.eager_ms, cached, _ = baseline_cached(prob, size, rec.env, cache_dir, lambda: reference_ms(False), kind="eager")
         if cached:
             rec.flags.append("eager_baseline_from_cache")
     else:
-        t.eager_ms = eager()
+        t.eager_ms = reference_ms(False)
     rec.stages_s["eager_baseline"] = round(time.perf_counter() - t0, 3)
     if compile_baseline:
         t0 = time.perf_counter()
-
-        def measure() -> float:
-            return judge.time_reference(job["warmup_seeds"], job["timing_seeds"], compiled=True)[0].median_ms
-
         t.compile_ms, t.compile_cached, err = baseline_cached(
-            prob, size, rec.env, cache_dir, None if compile_baseline == "cached" else measure)
+            prob, size, rec.env, cache_dir, None if compile_baseline == "cached" else lambda: reference_ms(True))
         if err:
             rec.flags.append("compile_baseline_failed")
         rec.stages_s["compile_baseline"] = round(time.perf_counter() - t0, 3)

@@ -115,3 +115,19 @@ def test_device_time_leaves_the_host_path_out():
     device = stream_time_ms(slow_host, lambda s: [x], range(5), clock, dev, host_ms=1.0)
     print(f"\nend-to-end {e2e:.4f} ms, device {device:.4f} ms")
     assert e2e > 1.0 and device < 0.5
+
+
+def test_reference_timer_matches_the_judge_in_process():
+    """A baseline timed in the GPU's timer process agrees with the same baseline timed here."""
+    from mkb_eval.harness.judge import Judge
+    from mkb_eval.harness.reference_timer import ReferenceTimer
+
+    p = P.find(28)
+    warm, timed = list(range(10)), list(range(100, 150))
+    here = Judge(p, "full", "cuda:0").time_reference(warm, timed)[0].median_ms
+    timer = ReferenceTimer(0)
+    try:
+        there, _ = timer.time(p.path, "full", warm, timed)
+    finally:
+        timer.close()
+    assert abs(there - here) / here < 0.15, (here, there)

@@ -1,0 +1,151 @@
+"""The PyTorch baselines timed in a process of their own, one per GPU.
+
+A sweep's parent runs a thread per evaluation in flight. Every torch call lets go of the GIL and
+must take it back, so a baseline timed in the parent waited, call after call, for whichever
+thread was judging another evaluation (up to the 5 ms switch interval each time): on the H200 the
+same problem's eager time differed by up to 2x between two sweeps, more often in the one with
+more in flight (results/h200/2026-11-30_bench5). This child has one thread and times on the GPU's
+timing core; the parent asks it one line at a time while it holds that GPU's lane exclusively.
+
+Protocol: a JSON request per line on stdin, ``{"problem", "size", "warmup", "timing",
+"compiled", "cpu"}``; a JSON reply per line on stdout, ``{"median_ms", "setup_s"}`` or
+``{"error"}``. End of stdin ends the child, so it never outlives its parent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from mkb_eval.harness.sandbox import pythonpath_first, repo_root
+
+
+class ReferenceTimer:
+    """The parent's handle on one GPU's timer process: started ahead, restarted once if it died."""
+
+    def __init__(self, gpu: int, physical: str | None = None, timeout_s: float = 900.0) -> None:
+        self.gpu, self.timeout_s = gpu, timeout_s
+        self._physical = physical if physical is not None else str(gpu)
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen[str] | None = None
+        self._stderr: Any = None
+        self._start()
+
+    def _start(self) -> None:
+        self._stderr = tempfile.TemporaryFile()
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": self._physical,
+               "PYTHONPATH": pythonpath_first(repo_root(), dict(os.environ))}
+        self._proc = subprocess.Popen([sys.executable, "-m", "mkb_eval.harness.reference_timer"], stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, stderr=self._stderr, env=env, text=True, bufsize=1)
+
+    def _stderr_tail(self, n: int = 2000) -> str:
+        try:
+            self._stderr.seek(0)
+            return self._stderr.read().decode(errors="replace")[-n:].strip()
+        except (OSError, ValueError):
+            return ""
+
+    def _ask(self, request: dict[str, Any]) -> dict[str, Any] | None:
+        """The reply, or None when the process is gone (it is then restarted by the caller)."""
+        proc = self._proc
+        assert proc is not None and proc.stdin is not None and proc.stdout is not None
+        try:
+            proc.stdin.write(json.dumps(request) + "\n")
+            proc.stdin.flush()
+        except (BrokenPipeError, OSError, ValueError):
+            return None
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                proc.kill()
+                raise TimeoutError(f"reference timer for GPU {self.gpu}: no reply in {self.timeout_s:.0f} s "
+                                   f"(problem {request['problem']})")
+            ready, _, _ = select.select([proc.stdout], [], [], min(left, 1.0))
+            if ready:
+                line = proc.stdout.readline()
+                if not line:
+                    return None
+                try:
+                    reply = json.loads(line)
+                except json.JSONDecodeError:
+                    continue                  # a stray print from a reference: not a reply
+                if isinstance(reply, dict):
+                    return reply
+
+    def time(self, problem: str | Path, size: str, warmup: list[int], timing: list[int], compiled: bool = False,
+             cpu: int | None = None) -> tuple[float, float]:
+        """(median ms, setup s) of the reference timed like a candidate: see ``Judge.time_reference``."""
+        request = {"problem": str(problem), "size": size, "warmup": list(warmup), "timing": list(timing),
+                   "compiled": bool(compiled), "cpu": cpu}
+        with self._lock:
+            reply = self._ask(request)
+            if reply is None:                 # died (killed, or a crash in an earlier request): once more
+                died = self._stderr_tail()
+                self.close()
+                self._start()
+                reply = self._ask(request)
+                if reply is None:
+                    raise ChildProcessError(f"reference timer for GPU {self.gpu} exited twice; its stderr: "
+                                       f"{self._stderr_tail() or died or '(empty)'}")
+        if "error" in reply:
+            raise RuntimeError(f"timing the reference of {Path(problem).name}: {reply['error']}")
+        return float(reply["median_ms"]), float(reply.get("setup_s", 0.0))
+
+    def close(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            try:
+                if proc.stdin:
+                    proc.stdin.close()
+                proc.wait(timeout=10)
+            except (OSError, subprocess.TimeoutExpired):
+                proc.kill()
+                proc.wait()
+            if proc.stdout:
+                proc.stdout.close()
+        if self._stderr is not None:
+            self._stderr.close()
+
+
+def main() -> int:
+    import traceback
+
+    import torch
+
+    from mkb_eval.harness.judge import Judge
+    from mkb_eval.problems import load_problem
+
+    out = sys.stdout
+    sys.stdout = sys.stderr               # a reference's prints must not look like replies
+    judges: dict[tuple[str, str], Judge] = {}
+    for line in sys.stdin:
+        try:
+            req = json.loads(line)
+            if req.get("cpu") is not None:
+                os.sched_setaffinity(0, {int(req["cpu"])})
+            key = (req["problem"], req["size"])
+            if key not in judges:
+                judges.clear()
+                judges[key] = Judge(load_problem(req["problem"]), req["size"], "cuda:0")
+            res, setup = judges[key].time_reference(req["warmup"], req["timing"], compiled=bool(req["compiled"]))
+            reply: dict[str, Any] = {"median_ms": res.median_ms, "setup_s": setup}
+        except Exception as e:  # noqa: BLE001 - every failure is the parent's to report
+            reply = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-3000:]}
+        if torch.cuda.is_initialized():
+            torch.cuda.empty_cache()          # cached blocks would crowd the evaluations sharing this GPU
+        out.write(json.dumps(reply) + "\n")
+        out.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
