@@ -3,6 +3,8 @@ without a GPU every request comes back as the reference's CUDA error, through th
 the timing itself is checked against the in-process judge by ``test_gpu.py``)."""
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -41,6 +43,25 @@ def test_a_killed_timer_is_started_again(timer):
     with pytest.raises(RuntimeError, match="CUDA"):
         timer.time(p.path, "smoke", [1], [2])
     assert timer._proc.pid != old and timer._proc.poll() is None
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
+def test_only_the_timing_thread_is_pinned_and_only_while_it_times(timer):
+    """torch's CPU thread pool must not be started on the timing core alone (a pinned pool of every
+    core's threads made one eager baseline take 90 s on the H200), and the pin ends with the request."""
+    p = P.find(28)
+    with pytest.raises(RuntimeError):
+        timer.time(p.path, "smoke", [1], [2], cpu=0)
+
+    def masks():
+        out = {}
+        for task in Path(f"/proc/{timer._proc.pid}/task").iterdir():
+            line = next(x for x in (task / "status").read_text().splitlines() if x.startswith("Cpus_allowed_list"))
+            out[task.name] = line.split(":")[1].strip()
+        return out
+
+    m = masks()
+    assert len(m) > 1 and all(v != "0" for v in m.values()), m
 
 
 def test_close_ends_the_process(timer):
