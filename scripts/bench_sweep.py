@@ -197,6 +197,9 @@ def summary(d: Path) -> dict:
             hs = [run[kk].get("host_call_ms") for run in runs[:3]]
             if all(hs):     # time until solve returned: does the host path move with the median?
                 stab[kk]["host_call_ms"] = [round(h, 4) for h in hs]
+            es = [run[kk].get("eager_ms") for run in runs[:3]]
+            if all(es):     # the speedup's denominator, timed in each sweep
+                stab[kk].update(eager_ms=[round(e, 4) for e in es], eager_cv=_spread(es, None)["cv"])
             ds = [run[kk].get("kernel_device_ms") for run in runs[:3]]
             if all(ds):     # the GPU time alone, which leaves the host call path out
                 dev = _spread(ds, runs[3].get(kk, {}).get("kernel_device_ms"))
@@ -256,15 +259,18 @@ def markdown(report: dict) -> str:
                       "CPU-tier sweep compiling every shipped solution. The median is event-timed around each call "
                       "(host call path included, as the verifier reports it); the device time is the GPU time alone "
                       "(records' `kernel_device_ms`: since commit 01b0f6e the median of 10 calls queued behind a GPU "
-                      "sleep, before it CUPTI's mean of 3); the host call is the median time until `solve` returned.", "",
+                      "sleep, before it CUPTI's mean of 3); the host call is the median time until `solve` returned; "
+                      "the eager baseline is the speedup's denominator, timed in each sweep.", "",
                   "| solution | medians ms (3 sweeps) | CV | under load ms | shift | device ms (3 sweeps) | device CV | "
-                  "device shift under load | host call ms (3 sweeps) |", "|---|---|---:|---:|---:|---|---:|---:|---|"]
+                  "device shift under load | host call ms (3 sweeps) | eager ms (3 sweeps) | eager CV |",
+                  "|---|---|---:|---:|---:|---|---:|---:|---|---|---:|"]
         for kk, v in report["stability"].items():
             lines.append(f"| {kk} | {', '.join(f'{x:.4f}' for x in v['medians_ms'])} | {v['cv']:.4f} | "
                          f"{_f(v['under_load_ms'], '.4f')} | {_f(v['load_shift'], '+.4f')} | "
                          f"{', '.join(_f(x, '.4f') for x in v.get('device_ms') or [])} | {_f(v.get('device_cv'), '.4f')} | "
                          f"{_f(v.get('device_load_shift'), '+.4f')} | "
-                         f"{', '.join(_f(x, '.4f') for x in v.get('host_call_ms') or []) or '-'} |")
+                         f"{', '.join(_f(x, '.4f') for x in v.get('host_call_ms') or []) or '-'} | "
+                         f"{', '.join(_f(x, '.3f') for x in v.get('eager_ms') or []) or '-'} | {_f(v.get('eager_cv'), '.4f')} |")
         big = [v for v in report["stability"].values()       # the kernel's size: its GPU time where known
                if statistics.mean(v.get("device_ms") or v["medians_ms"]) > 0.05]
         dev = [v for v in big if v.get("device_cv") is not None]

@@ -17,7 +17,7 @@ _spec.loader.exec_module(bench)
 def _rec(pid: int, dsl: str, ms: float, status: str = "ok") -> dict:
     return {"kind": "verification", "problem_id": pid, "dsl": dsl, "status": status,
             "stages_s": {"total": 10.0, "worker_timing": 1.0},
-            "timing": {"kernel_ms": ms, "kernel_device_ms": ms * 0.9, "host_call_ms": 0.02}}
+            "timing": {"kernel_ms": ms, "kernel_device_ms": ms * 0.9, "host_call_ms": 0.02, "eager_ms": 10 * ms}}
 
 
 def _write(path: Path, rows: list[dict]) -> None:
@@ -51,8 +51,10 @@ def test_summary_adds_up_parts_and_compares_gpu_counts(tmp_path):
     assert 0.008 < st["03/cutedsl"]["cv"] < 0.009 and st["03/cutedsl"]["load_shift"] == 0.3
     assert st["03/cutedsl"]["host_call_ms"] == [0.02] * 3
     assert st["03/cutedsl"]["device_cv"] == st["03/cutedsl"]["cv"] and st["03/cutedsl"]["device_load_shift"] == 0.3
+    assert st["03/cutedsl"]["eager_ms"] == [10.0, 10.1, 9.9] and st["03/cutedsl"]["eager_cv"] == st["03/cutedsl"]["cv"]
     md = (tmp_path / "README.md").read_text()
     assert "| 1 | 16 | 8 | 60 | 60 | 120.0 | 2 | 30.0 | 1.0x |" in md and "**5.0x**" in md
+    assert "| 20.000, 20.000, 20.000 | 0.0000 |" in md
     assert "CV ≤ 1% for 2 of 2 event-timed medians and 2 of 2 device times. Under load within 1%: 1 of 2 medians" in md
 
 

@@ -1,11 +1,14 @@
 """The PyTorch baselines timed in a process of their own, one per GPU.
 
-A sweep's parent runs a thread per evaluation in flight. Every torch call lets go of the GIL and
-must take it back, so a baseline timed in the parent waited, call after call, for whichever
-thread was judging another evaluation (up to the 5 ms switch interval each time): on the H200 the
-same problem's eager time differed by up to 2x between two sweeps, more often in the one with
-more in flight (results/h200/2026-11-30_bench5). This child has one thread and times on the GPU's
-timing core; the parent asks it one line at a time while it holds that GPU's lane exclusively.
+A sweep's parent runs a thread per evaluation in flight. A timed draw ends with a device-wide
+sync, which lets go of the GIL, and the end event is recorded only once the GIL is back: while
+another thread runs Python (judging another evaluation), that takes up to the 5 ms switch
+interval. (On a CPU machine a 0.4 ms draw that waits with the GIL released measured 5.5 ms
+beside one busy thread and 20.5 ms beside four.) On the H200 the same problem's eager time
+differed by up to 2x between two sweeps, more often higher in the one with more in flight
+(results/h200/2026-11-30_bench5). The candidate is timed in a worker with one thread; this child
+gives the baselines the same conditions: one thread, the GPU's timing core, asked one request at
+a time while the parent holds that GPU's lane exclusively.
 
 Protocol: a JSON request per line on stdin, ``{"problem", "size", "warmup", "timing",
 "compiled", "cpu"}``; a JSON reply per line on stdout, ``{"median_ms", "setup_s"}`` or
