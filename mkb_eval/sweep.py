@@ -187,7 +187,6 @@ def _run_local(todo: list[Job], tier: str, verify_kwargs: dict[str, Any], parall
     from mkb_eval.harness.pool import WarmPool
     from mkb_eval.harness.verify import Limits, verify
 
-    lanes = GpuLanes(n_lanes, reference_timers=tier == "gpu" and parallel > 1)
     limits = verify_kwargs.get("limits") or Limits()
     crowded: list[Job] = []
 
@@ -225,10 +224,11 @@ def _run_local(todo: list[Job], tier: str, verify_kwargs: dict[str, Any], parall
         sink.record(rec)
 
     with contextlib.ExitStack() as stack:
-        stack.callback(lanes.close)
         n_gpus = n_lanes if tier == "gpu" else _visible_gpus()
         if n_gpus:
             stack.enter_context(keep_off_timing_cores(n_gpus))
+        lanes = GpuLanes(n_lanes, reference_timers=tier == "gpu" and parallel > 1)   # timers born on the work cores
+        stack.callback(lanes.close)
         workers = stack.enter_context(WarmPool.for_lanes(tier, n_lanes, parallel, limits, limit=len(todo))) if warm else None
         with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
             for f in [pool.submit(one, j) for j in spread_order(todo)]:

@@ -107,3 +107,21 @@ def _set_all_threads(mask: set[int]) -> None:
             os.sched_setaffinity(tid, mask)
         except OSError:
             pass                                    # a thread that ended meanwhile
+
+
+@contextlib.contextmanager
+def pinned(cpu: int | None) -> Iterator[None]:
+    """Run the calling thread on one core (Linux affinity is per thread), then restore it."""
+    if cpu is None or not hasattr(os, "sched_setaffinity"):
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    try:
+        os.sched_setaffinity(0, {cpu})
+    except OSError:
+        before = None
+    try:
+        yield
+    finally:
+        if before is not None:
+            os.sched_setaffinity(0, before)

@@ -102,7 +102,10 @@ class ReferenceTimer:
                 if reply is None:
                     raise ChildProcessError(f"reference timer for GPU {self.gpu} exited twice; its stderr: "
                                        f"{self._stderr_tail() or died or '(empty)'}")
-        if "error" in reply:
+        if "error" in reply:          # the next request gets a fresh process (and CUDA context, and memory)
+            with self._lock:
+                self.close()
+                self._start()
             raise RuntimeError(f"timing the reference of {Path(problem).name}: {reply['error']}")
         return float(reply["median_ms"]), float(reply.get("setup_s", 0.0))
 
@@ -127,6 +130,7 @@ def main() -> int:
 
     import torch
 
+    from mkb_eval.harness.cores import pinned
     from mkb_eval.harness.judge import Judge
     from mkb_eval.problems import load_problem
 
@@ -136,23 +140,19 @@ def main() -> int:
     # thread was pinned, the whole pool would share the timing core: on the H200 that made an
     # eager baseline whose inputs are made on the CPU take 90 s instead of 1.
     torch.ones(1 << 22).add_(1)
-    wide = os.sched_getaffinity(0)
     judges: dict[tuple[str, str], Judge] = {}
     for line in sys.stdin:
         try:
             req = json.loads(line)
-            if req.get("cpu") is not None:
-                os.sched_setaffinity(0, {int(req["cpu"])})        # this thread only (Linux affinity is per thread)
             key = (req["problem"], req["size"])
             if key not in judges:
                 judges.clear()
                 judges[key] = Judge(load_problem(req["problem"]), req["size"], "cuda:0")
-            res, setup = judges[key].time_reference(req["warmup"], req["timing"], compiled=bool(req["compiled"]))
+            with pinned(None if req.get("cpu") is None else int(req["cpu"])):      # this thread, this request
+                res, setup = judges[key].time_reference(req["warmup"], req["timing"], compiled=bool(req["compiled"]))
             reply: dict[str, Any] = {"median_ms": res.median_ms, "setup_s": setup}
         except Exception as e:  # noqa: BLE001 - every failure is the parent's to report
             reply = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-3000:]}
-        finally:
-            os.sched_setaffinity(0, wide)
         if torch.cuda.is_initialized():
             torch.cuda.empty_cache()          # cached blocks would crowd the evaluations sharing this GPU
         out.write(json.dumps(reply) + "\n")

@@ -8,7 +8,6 @@ size, and a compile-only run of the candidate; what needs a GPU is marked ``unve
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import hashlib
 import os
@@ -20,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -341,24 +340,6 @@ def _cores(gpu: int) -> tuple[int | None, list[int] | None]:
     return p[0][gpu], p[1]
 
 
-@contextlib.contextmanager
-def _pinned(cpu: int | None) -> Iterator[None]:
-    """Run the calling thread on one core (Linux affinity is per thread), then restore it."""
-    if cpu is None or not hasattr(os, "sched_setaffinity"):
-        yield
-        return
-    before = os.sched_getaffinity(0)
-    try:
-        os.sched_setaffinity(0, {cpu})
-    except OSError:
-        before = None
-    try:
-        yield
-    finally:
-        if before is not None:
-            os.sched_setaffinity(0, before)
-
-
 def _stage_times(w: _Worker) -> dict[str, float]:
     """Seconds spent in each worker stage, from the timestamps of its progress messages."""
     prog = [m for m in w.messages() if m.get("kind") == "progress" and "t" in m]
@@ -639,7 +620,7 @@ def _baselines(rec: VerificationRecord, prob: P.Problem, judge: Any, job: dict[s
     def reference_ms(compiled: bool) -> float:
         if timer is not None:
             return timer.time(prob.path, size, job["warmup_seeds"], job["timing_seeds"], compiled, job["timing_cpu"])[0]
-        with _pinned(job["timing_cpu"]):
+        with cores.pinned(job["timing_cpu"]):
             return judge.time_reference(job["warmup_seeds"], job["timing_seeds"], compiled=compiled)[0].median_ms
 
     if reuse_eager:

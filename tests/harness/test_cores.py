@@ -47,3 +47,14 @@ def test_a_sweep_process_and_what_it_starts_keep_off_the_timing_core(monkeypatch
         os.sched_setaffinity(0, set(work))
     assert seen["thread"] == set(mask[:-1]) and child.strip() == str(mask[:-1])
     assert sorted(os.sched_getaffinity(0)) == mask                  # restored
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
+def test_pinned_holds_the_calling_thread_on_one_core_for_the_block_only():
+    before = os.sched_getaffinity(0)
+    core = max(before)
+    with cores.pinned(core):
+        assert os.sched_getaffinity(0) == {core}
+    assert os.sched_getaffinity(0) == before
+    with cores.pinned(None):
+        assert os.sched_getaffinity(0) == before
