@@ -1,8 +1,9 @@
 """The trusted side: regenerates inputs from the seeds, computes the reference and its fp64
 anchor only after the candidate's outputs exist, compares, and times the PyTorch baselines.
 
-Runs in the parent process, which never imports candidate code; the worker can neither see
-the expected outputs nor influence how they are computed or compared.
+Runs in the parent process (and a sweep's baselines in a timer process per GPU,
+:mod:`mkb_eval.harness.reference_timer`), which never imports candidate code; the worker can
+neither see the expected outputs nor influence how they are computed or compared.
 """
 
 from __future__ import annotations

@@ -88,11 +88,9 @@ class GpuLanes:
     ``close`` ends them."""
 
     def __init__(self, n: int, reference_timers: bool = False) -> None:
-        timer = None
         if reference_timers:
             from mkb_eval.harness.reference_timer import ReferenceTimer
-            timer = lambda i: ReferenceTimer(i, physical_gpu(i))  # noqa: E731
-        self.lanes = [GpuLane(i, timer(i) if timer else None) for i in range(max(1, n))]
+        self.lanes = [GpuLane(i, ReferenceTimer(i) if reference_timers else None) for i in range(max(1, n))]
         self._busy = [0] * len(self.lanes)
         self._last = [0] * len(self.lanes)
         self._turn = 0

@@ -28,15 +28,17 @@ import time
 from pathlib import Path
 from typing import Any
 
+from mkb_eval.harness.lanes import physical_gpu
 from mkb_eval.harness.sandbox import pythonpath_first, repo_root
 
 
 class ReferenceTimer:
-    """The parent's handle on one GPU's timer process: started ahead, restarted once if it died."""
+    """The parent's handle on the timer process of its GPU ``gpu``: started ahead; a fresh one after
+    it died (then the request is asked once more) or answered with an error."""
 
-    def __init__(self, gpu: int, physical: str | None = None, timeout_s: float = 300.0) -> None:
+    def __init__(self, gpu: int, timeout_s: float = 300.0) -> None:
         self.gpu, self.timeout_s = gpu, timeout_s
-        self._physical = physical if physical is not None else str(gpu)
+        self._physical = physical_gpu(gpu)
         self._lock = threading.Lock()
         self._proc: subprocess.Popen[str] | None = None
         self._stderr: Any = None
@@ -101,7 +103,7 @@ class ReferenceTimer:
                 reply = self._ask(request)
                 if reply is None:
                     raise ChildProcessError(f"reference timer for GPU {self.gpu} exited twice; its stderr: "
-                                       f"{self._stderr_tail() or died or '(empty)'}")
+                                            f"{self._stderr_tail() or died or '(empty)'}")
         if "error" in reply:          # the next request gets a fresh process (and CUDA context, and memory)
             with self._lock:
                 self.close()
