@@ -166,7 +166,7 @@ def summary(d: Path) -> dict:
         recs = records(d / f)
         wall = sum(p["wall_s"] for p in mine)
         report["sweeps"].append({
-            "gpus": mine[0]["gpus"], "cpus": mine[0].get("cpus"), "parallel": mine[0]["parallel"], "evaluations": len(recs), "wall_s": round(wall, 1),
+            "file": f, "gpus": mine[0]["gpus"], "cpus": mine[0].get("cpus"), "parallel": mine[0]["parallel"], "evaluations": len(recs), "wall_s": round(wall, 1),
             "calls": len(mine), "complete": not mine[-1]["cut"],
             "per_minute": round(60 * len(recs) / wall, 1) if wall else None,
             "passed": sum(r["status"] in ("ok", "unverified") for r in recs), "stage_means_s": stage_means(recs),
@@ -178,6 +178,7 @@ def summary(d: Path) -> dict:
 
     for s in report["sweeps"]:
         s["scaling"] = round(rate(s) / rate(base), 2) if base and rate(base) else None
+    timeline(d, report["sweeps"], {s["gpus"]: records(d / s["file"]) for s in report["sweeps"] if s["calls"] == 1})
     cold = [p for p in ps if p["stage"] == "cold"]
     if cold and base:
         recs = records(d / "cold.jsonl")
@@ -210,6 +211,40 @@ def summary(d: Path) -> dict:
     (d / "report.json").write_text(json.dumps(report, indent=1))
     (d / "README.md").write_text(markdown(report))
     return report
+
+
+def _ends(recs: list[dict]) -> list[float]:
+    """Seconds from the sweep's first evaluation start to each evaluation's end, sorted (a record's
+    ``created_at`` is when its evaluation started)."""
+    starts = [(datetime.fromisoformat(r["created_at"]).timestamp(), r["stages_s"]["total"])
+              for r in recs if r.get("created_at") and "total" in r.get("stages_s", {})]
+    t0 = min((t for t, _ in starts), default=0.0)
+    return sorted(t - t0 + total for t, total in starts)
+
+
+def timeline(d: Path, sweeps: list[dict], recs_by_gpus: dict[int, list[dict]]) -> None:
+    """When each quarter of a one-call sweep's evaluations had ended (``quarters_s``), and
+    timeline.png: evaluations ended against time, one line per GPU count. Where the GPU counts'
+    rates part shows where scaling is lost (start-up, the tail, or throughout)."""
+    lines = {}
+    for s in sweeps:
+        ends = _ends(recs_by_gpus.get(s["gpus"], []))
+        if len(ends) >= 4:
+            s["quarters_s"] = [round(ends[-(-k * len(ends) // 4) - 1], 1) for k in (1, 2, 3, 4)]
+            lines[s["gpus"]] = ends
+    if not lines:
+        return
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7, 4.2))
+    ax = fig.subplots()
+    for g, ends in sorted(lines.items()):
+        ax.step(ends, range(1, len(ends) + 1), where="post", label=f"{g} GPU{'s' if g > 1 else ''}")
+    ax.set(xlabel="seconds since the first evaluation started", ylabel="evaluations ended",
+           title="Sweep progress (one device call each)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(d / "timeline.png", dpi=110)
 
 
 def _busy(mine: list[dict]) -> dict:
@@ -249,6 +284,12 @@ def markdown(report: dict) -> str:
                   "| GPUs | " + " | ".join(STAGES) + " |", "|---:|" + "---:|" * len(STAGES)]
         for s in report["sweeps"]:
             lines.append(f"| {s['gpus']} | " + " | ".join(str(s["stage_means_s"].get(x, "-")) for x in STAGES) + " |")
+    quarters = [s for s in report["sweeps"] if s.get("quarters_s")]
+    if quarters:
+        lines += ["", "A quarter, half, three quarters and all of the evaluations had ended after (s since the first "
+                      "started; `timeline.png`): " + "; ".join(
+                          f"{s['gpus']} GPU{'s' if s['gpus'] > 1 else ''} {', '.join(str(x) for x in s['quarters_s'])}"
+                          for s in quarters) + "."]
     if "cold" in report:
         c = report["cold"]
         lines += ["", f"Cold, one at a time (fresh process, no preloaded imports, 1 GPU): {c['evaluations']} evaluations, "

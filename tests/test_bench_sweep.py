@@ -110,3 +110,14 @@ def test_spread_compares_full_sweeps_by_kernel_size(tmp_path):
     assert rep["kernels"] == 2 and rep["above_50us"] == 1           # 3 failed once; 2 is 36 µs on the GPU
     assert rep["cv_within_1pct"] == 0 and rep["device_cv_within_1pct"] == 0
     assert (tmp_path / "spread.png").stat().st_size > 1000
+
+
+def test_quarters_and_timeline_come_from_start_times_and_totals(tmp_path):
+    """A record's created_at is when its evaluation started: evaluation k starts at k s and takes 10 s."""
+    recs = [{**_rec(k, "tirx", 1.0), "created_at": f"2026-11-30T12:00:{k:02d}+00:00"} for k in range(8)]
+    _write(tmp_path / "sweep_1gpu.jsonl", recs)
+    _write(tmp_path / "parts.jsonl", [_part("sweep", "sweep_1gpu.jsonl", 1, 20.0)])
+    (one,) = bench.summary(tmp_path)["sweeps"]
+    assert one["quarters_s"] == [11.0, 13.0, 15.0, 17.0]
+    assert (tmp_path / "timeline.png").stat().st_size > 0
+    assert "1 GPU 11.0, 13.0, 15.0, 17.0." in (tmp_path / "README.md").read_text()
