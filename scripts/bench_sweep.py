@@ -70,12 +70,16 @@ def sweep(out: Path, log: Path, *, stage: str, tier: str, parallel: int, warm: b
     samples = out.parent / f"gpu_busy_{out.stem}.csv"
     sampler = gpu_sampler(samples) if gpus else None
     t0 = time.perf_counter()
-    try:
-        subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, check=False, timeout=max(1.0, deadline - time.time()),
-                       preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores else None)
-        cut = False
-    except subprocess.TimeoutExpired:
-        cut = True
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
+                            preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores else None)
+    stop = time.time() + max(1.0, deadline - time.time())
+    while (ended := os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT | os.WNOHANG)) is None and time.time() < stop:
+        time.sleep(0.2)
+    parent_s = own_cpu_s(proc.pid)          # an ended child stays in /proc, with its totals, until it is reaped
+    cut = ended is None
+    if cut:
+        proc.kill()
+    proc.wait()
     if sampler is not None:
         sampler.terminate()
         sampler.wait()
@@ -86,6 +90,7 @@ def sweep(out: Path, log: Path, *, stage: str, tier: str, parallel: int, warm: b
             "steal": round(host[7] / sum(host), 4) if len(host) > 7 and sum(host) > 0 else None,
             "cpu_busy": round(1 - (mine[3] + mine[4]) / sum(mine), 3) if len(mine) > 4 and sum(mine) > 0 else None,
             "gpu_busy": gpu_busy(samples, gpus) if gpus else None,
+            "parent_cores": round(parent_s / (time.perf_counter() - t0), 3) if parent_s is not None else None,
             "wall_s": round(time.perf_counter() - t0, 1), "added": len(records(out)) - before, "cut": cut,
             "at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     append_jsonl(log, part)
@@ -109,6 +114,18 @@ def cpu_times(cores: list[int] | None = None) -> list[int]:
     except (OSError, ValueError):
         return []
     return out
+
+
+def own_cpu_s(pid: int) -> float | None:
+    """CPU seconds of process ``pid``'s own threads, its children's left out (from /proc). For a sweep:
+    the parent's judging, lanes and polling, whose Python shares one GIL; near one core, that is the
+    bottleneck, however many GPUs and cores the sweep has."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        fields = stat[stat.rindex(")") + 2:].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")     # utime + stime
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def gpu_sampler(path: Path) -> subprocess.Popen | None:
@@ -248,14 +265,16 @@ def timeline(d: Path, sweeps: list[dict], recs_by_gpus: dict[int, list[dict]]) -
 
 
 def _busy(mine: list[dict]) -> dict:
-    """The sweep's parts' CPU and GPU busy shares, weighted by their wall time (parts without them left out)."""
+    """The sweep's parts' CPU and GPU busy shares and its parent's cores, weighted by their wall time
+    (parts without them left out)."""
     def weighted(pairs: list[tuple[float, float]]) -> float:
         return round(sum(x * w for x, w in pairs) / sum(w for _, w in pairs), 3)
 
     out: dict = {}
-    cpu = [p for p in mine if p.get("cpu_busy") is not None and p["wall_s"]]
-    if cpu:
-        out["cpu_busy"] = weighted([(p["cpu_busy"], p["wall_s"]) for p in cpu])
+    for k in ("cpu_busy", "parent_cores"):
+        have = [p for p in mine if p.get(k) is not None and p["wall_s"]]
+        if have:
+            out[k] = weighted([(p[k], p["wall_s"]) for p in have])
     gpu = [p for p in mine if p.get("gpu_busy") and p["wall_s"]]
     if gpu:
         out["gpu_busy"] = [weighted([(p["gpu_busy"][i], p["wall_s"]) for p in gpu]) for i in range(len(gpu[0]["gpu_busy"]))]
@@ -273,12 +292,15 @@ def markdown(report: dict) -> str:
     lines = ["# Sweep benchmark (GPU tier, warm workers; torch.compile times from the cache, the eager reference "
              "timed once per problem in each sweep)", "",
              "| GPUs | CPU cores | in flight | evaluations | passed | wall s | device calls | per minute | scaling "
-             "| cores busy | GPU busy |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| cores busy | GPU busy | parent cores |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for s in report["sweeps"]:
         gpu = ", ".join(f"{x:.0%}" for x in s.get("gpu_busy") or []) or "-"
         lines.append(f"| {s['gpus']} | {s.get('cpus') or '-'} | {s['parallel']} | {s['evaluations']} | {s['passed']} | {s['wall_s']} | "
                      f"{s['calls']}{'' if s['complete'] else ' (cut)'} | {s['per_minute']} | {s['scaling']}x | "
-                     f"{_f(s.get('cpu_busy'), '.0%')} | {gpu} |")
+                     f"{_f(s.get('cpu_busy'), '.0%')} | {gpu} | {_f(s.get('parent_cores'), '.2f')} |")
+    if any(s.get("parent_cores") is not None for s in report["sweeps"]):
+        lines += ["", "Parent cores: CPU used by the sweep's own process (judging, lanes, polling, whose Python "
+                      "shares one GIL; not the workers), in cores."]
     if report["sweeps"]:
         lines += ["", "Mean seconds per evaluation by stage (stages overlap across evaluations in flight):", "",
                   "| GPUs | " + " | ".join(STAGES) + " |", "|---:|" + "---:|" * len(STAGES)]

@@ -71,10 +71,11 @@ def test_scaling_comes_from_unrounded_rates(tmp_path):
 def test_busy_shares_are_weighted_by_wall_time(tmp_path):
     _write(tmp_path / "sweep_1gpu.jsonl", [_rec(1, "tirx", 1.0)])
     _write(tmp_path / "parts.jsonl", [{**_part("sweep", "sweep_1gpu.jsonl", 1, 50.0, cut=True), "cpu_busy": 0.5, "gpu_busy": [0.4]},
-                                       {**_part("sweep", "sweep_1gpu.jsonl", 1, 150.0), "cpu_busy": 1.0, "gpu_busy": [0.8]}])
+                                       {**_part("sweep", "sweep_1gpu.jsonl", 1, 150.0), "cpu_busy": 1.0, "gpu_busy": [0.8],
+                                        "parent_cores": 0.9}])
     one = bench.summary(tmp_path)["sweeps"][0]
-    assert (one["cpu_busy"], one["gpu_busy"]) == (0.875, [0.7])
-    assert "| 88% | 70% |" in (tmp_path / "README.md").read_text()
+    assert (one["cpu_busy"], one["gpu_busy"], one["parent_cores"]) == (0.875, [0.7], 0.9)
+    assert "| 88% | 70% | 0.90 |" in (tmp_path / "README.md").read_text()
 
 
 def test_gpu_samples_skip_torn_lines_and_name_only_the_swept_gpus(tmp_path):
@@ -94,6 +95,7 @@ def test_cpu_sweep_cut_by_the_deadline_resumes(tmp_path):
     parts = bench.parts(tmp_path)
     assert [p["cut"] for p in parts] == [True, False] and {p["cpus"] for p in parts} == {1}
     assert all(p["steal"] is None or 0 <= p["steal"] < 1 for p in parts)
+    assert all(0 < p["parent_cores"] < 4 for p in parts)       # the sweep process's own CPU, read before it was reaped
     assert sum(p["added"] for p in parts) == 2
     rep = bench.summary(tmp_path)
     assert rep["sweeps"][0]["evaluations"] == 2 and rep["sweeps"][0]["calls"] == 2
