@@ -3,6 +3,7 @@ without a GPU every request comes back as the reference's CUDA error, through th
 the timing itself is checked against the in-process judge by ``test_gpu.py``)."""
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -44,6 +45,7 @@ def test_a_killed_timer_is_started_again(timer):
     assert timer._proc.pid != old and timer._proc.poll() is None
 
 
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one core: torch starts no extra thread")
 def test_torch_starts_its_cpu_threads_before_any_pin(timer):
     """A pool started while the thread was pinned for a request would share the timing core (on the
     H200 that made one eager baseline take 90 s): the child starts it before reading a request."""
