@@ -29,6 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from mkb_eval.harness.sandbox import proc_stat  # noqa: E402
 from mkb_eval.harness.verify import default_cache_dir  # noqa: E402
 from mkb_eval.records import append_jsonl, read_jsonl  # noqa: E402
 
@@ -121,8 +122,7 @@ def own_cpu_s(pid: int) -> float | None:
     the parent's judging, lanes and polling, whose Python shares one GIL; near one core, that is the
     bottleneck, however many GPUs and cores the sweep has."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        fields = stat[stat.rindex(")") + 2:].split()
+        fields = proc_stat(pid)
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")     # utime + stime
     except (OSError, ValueError, IndexError):
         return None
@@ -178,9 +178,9 @@ def summary(d: Path) -> dict:
     """Everything measured in ``d`` so far, as report.json and README.md."""
     ps = parts(d)
     report: dict = {"sweeps": []}
-    for f in sorted({p["file"] for p in ps if p["stage"] == "sweep"}):
+    swept = {f: records(d / f) for f in sorted({p["file"] for p in ps if p["stage"] == "sweep"})}
+    for f, recs in swept.items():
         mine = [p for p in ps if p["file"] == f]
-        recs = records(d / f)
         wall = sum(p["wall_s"] for p in mine)
         report["sweeps"].append({
             "file": f, "gpus": mine[0]["gpus"], "cpus": mine[0].get("cpus"), "parallel": mine[0]["parallel"], "evaluations": len(recs), "wall_s": round(wall, 1),
@@ -195,7 +195,7 @@ def summary(d: Path) -> dict:
 
     for s in report["sweeps"]:
         s["scaling"] = round(rate(s) / rate(base), 2) if base and rate(base) else None
-    timeline(d, report["sweeps"], {s["gpus"]: records(d / s["file"]) for s in report["sweeps"] if s["calls"] == 1})
+    timeline(d, report["sweeps"], {s["gpus"]: swept[s["file"]] for s in report["sweeps"] if s["calls"] == 1})
     cold = [p for p in ps if p["stage"] == "cold"]
     if cold and base:
         recs = records(d / "cold.jsonl")

@@ -52,6 +52,10 @@ class ReferenceTimer:
                                       stdout=subprocess.PIPE, stderr=self._stderr, env=env, text=True, bufsize=1)
         self._pending = b""
 
+    def _restart(self) -> None:
+        self.close()
+        self._start()
+
     def _stderr_tail(self, n: int = 2000) -> str:
         try:
             self._stderr.seek(0)
@@ -98,16 +102,14 @@ class ReferenceTimer:
             reply = self._ask(request)
             if reply is None:                 # died (killed, or a crash in an earlier request): once more
                 died = self._stderr_tail()
-                self.close()
-                self._start()
+                self._restart()
                 reply = self._ask(request)
                 if reply is None:
                     raise ChildProcessError(f"reference timer for GPU {self.gpu} exited twice; its stderr: "
                                             f"{self._stderr_tail() or died or '(empty)'}")
         if "error" in reply:          # the next request gets a fresh process (and CUDA context, and memory)
             with self._lock:
-                self.close()
-                self._start()
+                self._restart()
             raise RuntimeError(f"timing the reference of {Path(problem).name}: {reply['error']}")
         return float(reply["median_ms"]), float(reply.get("setup_s", 0.0))
 

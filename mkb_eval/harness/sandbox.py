@@ -344,6 +344,13 @@ def session_usage(sid: int, max_age: float = 0.0) -> tuple[int, int]:
     return table.get(sid, (0, 0))
 
 
+def proc_stat(pid: int | str) -> list[str]:
+    """Fields of /proc/<pid>/stat after the command name (so the 3rd field, the state, is [0]); the
+    name is cut at its last ")", since it may hold spaces and parentheses. OSError where it is gone."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat[stat.rindex(")") + 2:].split()
+
+
 def _scan_sessions() -> dict[int, tuple[int, int]]:
     table: dict[int, tuple[int, int]] = {}
     page = os.sysconf("SC_PAGE_SIZE")
@@ -351,8 +358,7 @@ def _scan_sessions() -> dict[int, tuple[int, int]]:
         if not entry.name.isdigit():
             continue
         try:
-            stat = Path(entry.path, "stat").read_text()
-            fields = stat[stat.rindex(")") + 2:].split()
+            fields = proc_stat(entry.name)
             if fields[0] in ("Z", "X"):                # zombies hold nothing
                 continue
             sid, rss = int(fields[3]), int(fields[21]) * page      # session id; field 24: rss in pages
