@@ -76,6 +76,29 @@ def folder_jobs(folder: Path, problems: Iterable[P.Problem]) -> list[Job]:
     return jobs
 
 
+class JobQueue:
+    """The jobs of a sweep, taken one at a time by its threads. ``bound`` is how many more it may
+    still hand out: a warm pool starts no worker beyond what could still be taken."""
+
+    def __init__(self, jobs: Iterable[Job]) -> None:
+        import collections
+        import threading
+
+        self._jobs = collections.deque(jobs)
+        self._lock = threading.Lock()
+        self.taken = 0
+
+    def take(self) -> Job | None:
+        with self._lock:
+            if not self._jobs:
+                return None
+            self.taken += 1
+            return self._jobs.popleft()
+
+    def bound(self) -> int:
+        return len(self._jobs)
+
+
 def _done_keys(out: Path, tier: str, gpu: str | None) -> set[tuple[str, str, str]]:
     if not out.exists():
         return set()
@@ -96,7 +119,8 @@ def run_sweep(jobs: list[Job], out: Path, *, tier: str = "auto", verify_kwargs: 
     fewest in flight). ``executor="ray"`` runs each evaluation as a Ray task on the cluster at
     ``address`` (default: a local Ray instance), see :mod:`mkb_eval.ray_executor`; ``parallel`` is
     then Ray's to decide. Both give the same records, written here and resumed the same way.
-    ``warm`` (local executor) takes each evaluation's worker from a :class:`WarmPool`.
+    ``warm`` (local executor) takes each evaluation's worker from a :class:`WarmPool`. With more than
+    one GPU each GPU gets a sweep process of its own (:mod:`mkb_eval.sweep_per_gpu`).
     """
     kwargs = verify_kwargs or {}
     if executor == "ray":
@@ -118,9 +142,15 @@ def run_sweep(jobs: list[Job], out: Path, *, tier: str = "auto", verify_kwargs: 
 
     tier = ("gpu" if torch.cuda.is_available() else "cpu") if tier == "auto" else tier
     gpu = torch.cuda.get_device_properties(0).name if tier == "gpu" else None
-    n_lanes = max(1, torch.cuda.device_count() if tier == "gpu" else 1)
-    return _sweep(jobs, out, tier, gpu, f"{parallel} at a time, {n_lanes} GPU lane(s){', warm workers' if warm else ''}",
-                  lambda todo, sink: _run_local(todo, tier, kwargs, parallel, n_lanes, sink, warm))
+    n_gpus = torch.cuda.device_count() if tier == "gpu" else 0
+    how = f"{parallel} at a time{', warm workers' if warm else ''}"
+    if n_gpus > 1:
+        from mkb_eval import sweep_per_gpu
+
+        return _sweep(jobs, out, tier, gpu, f"{how}, a sweep process per GPU ({n_gpus})",
+                      lambda todo, sink: sweep_per_gpu.run(todo, tier, kwargs, parallel, n_gpus, sink, warm))
+    return _sweep(jobs, out, tier, gpu, how, lambda todo, sink: _run_local(JobQueue(spread_order(todo)), tier, kwargs,
+                                                                          parallel, 1, sink, warm))
 
 
 class _Sink:
@@ -134,7 +164,7 @@ class _Sink:
         self.failures = 0
         self._lock = threading.Lock()
 
-    def record(self, rec: dict) -> None:
+    def record(self, rec: dict, job: Job | None = None) -> None:
         with self._lock:
             append_jsonl(self.out, rec)
             self.new.append(rec)
@@ -143,6 +173,10 @@ class _Sink:
                                    f"{_f(t.get('kernel_ms'))} ms  x{_f(t.get('speedup'), '.2f')}",
                                    markup=False, highlight=False)
             self.bar.advance(self.task)
+
+    def note(self, text: str) -> None:
+        with self._lock:
+            self.bar.console.print(text, markup=False, highlight=False)
 
     def failed(self, job: Job, error: str) -> None:
         """An evaluation that produced no record (infrastructure failure): said, not stored, retried next run."""
@@ -171,9 +205,9 @@ def _sweep(jobs: list[Job], out: Path, tier: str, gpu: str | None, how: str,
     return sink.new
 
 
-def _run_local(todo: list[Job], tier: str, verify_kwargs: dict[str, Any], parallel: int, n_lanes: int,
-               sink: _Sink, warm: bool = False) -> None:
-    """The thread pool. On a host with GPUs everything here, and every worker started, keeps off
+def _run_local(queue: JobQueue, tier: str, verify_kwargs: dict[str, Any], parallel: int, n_lanes: int,
+               sink: Any, warm: bool = False) -> None:
+    """The thread pool: ``parallel`` threads each take the queue's next job until it is empty. On a host with GPUs everything here, and every worker started, keeps off
     the timing cores (:mod:`mkb_eval.harness.cores`), whatever the tier: a CPU-tier sweep's
     compilation must not slow another sweep's timed calls. An evaluation short of GPU memory while others
     share its GPU is run again at the end alone on a GPU (such retries run side by side, one per
@@ -198,9 +232,12 @@ def _run_local(todo: list[Job], tier: str, verify_kwargs: dict[str, Any], parall
             workers.allow(1)
             workers.fill(tier, (len(crowded) - 1) % n_lanes, limits)
 
-    def one(job: Job) -> None:
-        with lanes.least_busy() as lane:
-            evaluate(lane.index, job, False)
+    def drain() -> None:
+        while (job := queue.take()) is not None:
+            if workers is not None:               # no worker started for an evaluation that will not come
+                workers.cap(queue.taken + queue.bound() + len(crowded))
+            with lanes.least_busy() as lane:
+                evaluate(lane.index, job, False)
 
     def evaluate(g: int, job: Job, alone: bool) -> None:
         """``job`` on GPU ``g``: beside the others under its lane, or ``alone`` (a retry)."""
@@ -221,7 +258,7 @@ def _run_local(todo: list[Job], tier: str, verify_kwargs: dict[str, Any], parall
             return
         if alone:
             rec["flags"].append("retried_alone_after_oom")
-        sink.record(rec)
+        sink.record(rec, job)
 
     with contextlib.ExitStack() as stack:
         n_gpus = n_lanes if tier == "gpu" else _visible_gpus()
@@ -229,9 +266,9 @@ def _run_local(todo: list[Job], tier: str, verify_kwargs: dict[str, Any], parall
             stack.enter_context(keep_off_timing_cores(n_gpus))
         lanes = GpuLanes(n_lanes, reference_timers=tier == "gpu" and parallel > 1)   # timers born on the work cores
         stack.callback(lanes.close)
-        workers = stack.enter_context(WarmPool.for_lanes(tier, n_lanes, parallel, limits, limit=len(todo))) if warm else None
+        workers = stack.enter_context(WarmPool.for_lanes(tier, n_lanes, parallel, limits, limit=queue.bound())) if warm else None
         with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
-            for f in [pool.submit(one, j) for j in spread_order(todo)]:
+            for f in [pool.submit(drain) for _ in range(max(1, parallel))]:
                 f.result()
         # retries run in rounds, one alone on each GPU, and the judge's cached GPU memory is handed back
         # before each round, while no retry runs: what runs out of memory now is the kernel's doing

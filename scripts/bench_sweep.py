@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -67,12 +68,15 @@ def sweep(out: Path, log: Path, *, stage: str, tier: str, parallel: int, warm: b
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(gpus))
     cores = sorted(os.sched_getaffinity(0))[:cpus] if cpus else None
     before = len(records(out))
+    said = out.parent / f"{out.stem}.out"                # what the sweep printed: its table, per-GPU process notes
+    said_from = len(said.read_text(errors="replace")) if said.exists() else 0
     host0, mine0 = cpu_times(), cpu_times(cores)
     samples = out.parent / f"gpu_busy_{out.stem}.csv"
     sampler = gpu_sampler(samples) if gpus else None
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
-                            preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores else None)
+    with open(said, "a") as sink:
+        proc = subprocess.Popen(cmd, env=env, stdout=sink,
+                                preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores else None)
     stop = time.time() + max(1.0, deadline - time.time())
     while (ended := os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT | os.WNOHANG)) is None and time.time() < stop:
         time.sleep(0.2)
@@ -92,11 +96,19 @@ def sweep(out: Path, log: Path, *, stage: str, tier: str, parallel: int, warm: b
             "cpu_busy": round(1 - (mine[3] + mine[4]) / sum(mine), 3) if len(mine) > 4 and sum(mine) > 0 else None,
             "gpu_busy": gpu_busy(samples, gpus) if gpus else None,
             "parent_cores": round(parent_s / (time.perf_counter() - t0), 3) if parent_s is not None else None,
+            "gpu_process_cores": gpu_process_cores(said.read_text(errors="replace")[said_from:]) or None,
             "wall_s": round(time.perf_counter() - t0, 1), "added": len(records(out)) - before, "cut": cut,
             "at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     append_jsonl(log, part)
     print(json.dumps(part), flush=True)
     return part
+
+
+def gpu_process_cores(text: str) -> list[float]:
+    """Cores each GPU's sweep process used (a sweep over several GPUs runs one per GPU and says so
+    when it ends), in GPU order; [] for a one-process sweep."""
+    found = {int(g): float(c) for g, c in re.findall(r"GPU (\d+) sweep process: ([\d.]+) cores", text)}
+    return [found[g] for g in sorted(found)]
 
 
 def cpu_times(cores: list[int] | None = None) -> list[int]:
@@ -265,7 +277,7 @@ def timeline(d: Path, sweeps: list[dict], recs_by_gpus: dict[int, list[dict]]) -
 
 
 def _busy(mine: list[dict]) -> dict:
-    """The sweep's parts' CPU and GPU busy shares and its parent's cores, weighted by their wall time
+    """The sweep's parts' CPU and GPU busy shares and its processes' cores, weighted by their wall time
     (parts without them left out)."""
     def weighted(pairs: list[tuple[float, float]]) -> float:
         return round(sum(x * w for x, w in pairs) / sum(w for _, w in pairs), 3)
@@ -275,9 +287,10 @@ def _busy(mine: list[dict]) -> dict:
         have = [p for p in mine if p.get(k) is not None and p["wall_s"]]
         if have:
             out[k] = weighted([(p[k], p["wall_s"]) for p in have])
-    gpu = [p for p in mine if p.get("gpu_busy") and p["wall_s"]]
-    if gpu:
-        out["gpu_busy"] = [weighted([(p["gpu_busy"][i], p["wall_s"]) for p in gpu]) for i in range(len(gpu[0]["gpu_busy"]))]
+    for k in ("gpu_busy", "gpu_process_cores"):             # one value per GPU
+        have = [p for p in mine if p.get(k) and p["wall_s"]]
+        if have:
+            out[k] = [weighted([(p[k][i], p["wall_s"]) for p in have if i < len(p[k])]) for i in range(len(have[0][k]))]
     return out
 
 
@@ -297,10 +310,13 @@ def markdown(report: dict) -> str:
         gpu = ", ".join(f"{x:.0%}" for x in s.get("gpu_busy") or []) or "-"
         lines.append(f"| {s['gpus']} | {s.get('cpus') or '-'} | {s['parallel']} | {s['evaluations']} | {s['passed']} | {s['wall_s']} | "
                      f"{s['calls']}{'' if s['complete'] else ' (cut)'} | {s['per_minute']} | {s['scaling']}x | "
-                     f"{_f(s.get('cpu_busy'), '.0%')} | {gpu} | {_f(s.get('parent_cores'), '.2f')} |")
+                     f"{_f(s.get('cpu_busy'), '.0%')} | {gpu} | {_f(s.get('parent_cores'), '.2f')}"
+                     + (f" (per GPU {', '.join(f'{x:.2f}' for x in s['gpu_process_cores'])})" if s.get("gpu_process_cores") else "")
+                     + " |")
     if any(s.get("parent_cores") is not None for s in report["sweeps"]):
         lines += ["", "Parent cores: CPU used by the sweep's own process (judging, lanes, polling, whose Python "
-                      "shares one GIL; not the workers), in cores."]
+                      "shares one GIL; not the workers), in cores; over several GPUs the parent only hands out jobs "
+                      "and each GPU's sweep process does that work (its cores in brackets)."]
     if report["sweeps"]:
         lines += ["", "Mean seconds per evaluation by stage (stages overlap across evaluations in flight):", "",
                   "| GPUs | " + " | ".join(STAGES) + " |", "|---:|" + "---:|" * len(STAGES)]

@@ -78,6 +78,15 @@ def test_busy_shares_are_weighted_by_wall_time(tmp_path):
     assert "| 88% | 70% | 0.90 |" in (tmp_path / "README.md").read_text()
 
 
+def test_each_gpu_sweep_process_reports_its_cores(tmp_path):
+    said = "x\nGPU 1 sweep process: 1.20 cores (600 CPU s in 500 s)\nGPU 0 sweep process: 0.95 cores (1 CPU s in 1 s)\n"
+    assert bench.gpu_process_cores(said) == [0.95, 1.2] and bench.gpu_process_cores("| table |") == []
+    _write(tmp_path / "sweep_2gpu.jsonl", [_rec(1, "tirx", 1.0)])
+    _write(tmp_path / "parts.jsonl", [{**_part("sweep", "sweep_2gpu.jsonl", 2, 100.0), "parent_cores": 0.05,
+                                        "gpu_process_cores": [0.95, 1.2]}])
+    assert "| 0.05 (per GPU 0.95, 1.20) |" in bench.markdown(bench.summary(tmp_path))
+
+
 def test_gpu_samples_skip_torn_lines_and_name_only_the_swept_gpus(tmp_path):
     f = tmp_path / "gpu.csv"
     f.write_text("0, 50\n1, 100\n0, 70\n1, [N/A]\n0, 6")     # the last line cut by the sampler's stop

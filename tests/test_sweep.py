@@ -94,7 +94,7 @@ def test_out_of_memory_beside_other_evaluations_is_retried_alone(monkeypatch):
     class Sink:
         recs, failures = [], []
 
-        def record(self, r):
+        def record(self, r, job):
             self.recs.append(r)
 
         def failed(self, job, error):
@@ -102,7 +102,7 @@ def test_out_of_memory_beside_other_evaluations_is_retried_alone(monkeypatch):
 
     jobs = S.shipped_jobs([P.find(i) for i in (28, 29, 30, 31, 36, 1)], ["tirx"])
     sink = Sink()
-    S._run_local(jobs, "gpu", {}, parallel=3, n_lanes=2, sink=sink)
+    S._run_local(S.JobQueue(S.spread_order(jobs)), "gpu", {}, parallel=3, n_lanes=2, sink=sink)
     by = {r["problem_id"]: r for r in sink.recs}
     assert len(sink.recs) == 5 and all(by[i]["status"] == "ok" and by[i]["flags"] == ["retried_alone_after_oom"]
                                        for i in (28, 29, 30))
@@ -120,6 +120,9 @@ def test_out_of_memory_beside_other_evaluations_is_retried_alone(monkeypatch):
         def allow(self, n):
             self.allowed += n
 
+        def cap(self, n):
+            pass
+
         def fill(self, tier, gpu, limits):
             self.filled.append(gpu)
 
@@ -131,7 +134,7 @@ def test_out_of_memory_beside_other_evaluations_is_retried_alone(monkeypatch):
 
     fake = Pool()
     monkeypatch.setattr(W.WarmPool, "for_lanes", classmethod(lambda cls, *a, **k: fake))
-    S._run_local(jobs, "gpu", {}, parallel=3, n_lanes=2, sink=Sink(), warm=True)
+    S._run_local(S.JobQueue(S.spread_order(jobs)), "gpu", {}, parallel=3, n_lanes=2, sink=Sink(), warm=True)
     assert fake.allowed == 3 and sorted(fake.filled) == [0, 0, 1]
 
 
@@ -169,14 +172,14 @@ def test_each_evaluation_goes_to_the_gpu_with_the_fewest_in_flight(monkeypatch):
     class Sink:
         recs: list = []
 
-        def record(self, r):
+        def record(self, r, job):
             self.recs.append(r)
 
         def failed(self, job, error):
             raise AssertionError(error)
 
     jobs = S.shipped_jobs([P.find(i) for i in (28, 29, 30, 31)], ["tirx"])
-    S._run_local(jobs, "gpu", {}, parallel=2, n_lanes=2, sink=Sink())
+    S._run_local(S.JobQueue(S.spread_order(jobs)), "gpu", {}, parallel=2, n_lanes=2, sink=Sink())
     assert len(Sink.recs) == 4
     assert {gpu_of[i] for i in (29, 30, 31)} == {1 - gpu_of[28]}
 

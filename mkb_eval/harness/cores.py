@@ -73,6 +73,25 @@ def plan(n_gpus: int, cores: list[int] | None = None,
     return timing, work
 
 
+def split(n: int, cores: list[int] | None = None,
+          siblings: Callable[[int], set[int]] | None = None) -> list[list[int]] | None:
+    """The cores dealt into ``n`` contiguous shares of whole physical cores (SMT siblings stay in one
+    share), for one sweep process per GPU; None when there are fewer physical cores than shares."""
+    cores = sorted(cores if cores is not None else allowed())
+    siblings = siblings or smt_siblings
+    groups: list[list[int]] = []
+    seen: set[int] = set()
+    for c in cores:
+        if c not in seen:
+            g = sorted((siblings(c) | {c}) & set(cores))
+            seen.update(g)
+            groups.append(g)
+    if n < 1 or len(groups) < n:
+        return None
+    edges = [round(i * len(groups) / n) for i in range(n + 1)]
+    return [sorted(c for g in groups[edges[i]:edges[i + 1]] for c in g) for i in range(n)]
+
+
 @contextlib.contextmanager
 def keep_off_timing_cores(n_gpus: int) -> Iterator[list[int] | None]:
     """Run every thread of this process, and every process it starts, on the work cores.

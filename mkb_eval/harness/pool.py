@@ -64,6 +64,12 @@ class WarmPool:
             if self.limit is not None:
                 self.limit += n
 
+    def cap(self, n: int) -> None:
+        """Start no more than ``n`` workers in all (a sweep fed one job at a time learns as it goes
+        how many evaluations may still come)."""
+        with self._lock:
+            self.limit = n if self.limit is None else min(self.limit, n)
+
     def take(self, tier: str, gpu: int, limits: Any) -> Any | None:
         """A live started worker for this evaluation (or None), replaced at once by a new one."""
         key = self._key(tier, gpu, limits)

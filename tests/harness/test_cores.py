@@ -58,3 +58,10 @@ def test_pinned_holds_the_calling_thread_on_one_core_for_the_block_only():
     assert os.sched_getaffinity(0) == before
     with cores.pinned(None):
         assert os.sched_getaffinity(0) == before
+
+
+def test_split_deals_whole_physical_cores_into_contiguous_shares():
+    pairs = lambda c: {c % 8, c % 8 + 8}          # noqa: E731 - 8 cores of 2 threads, siblings c and c+8
+    assert cores.split(2, list(range(16)), pairs) == [[0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15]]
+    assert cores.split(3, list(range(7)), lambda c: {c}) == [[0, 1], [2, 3, 4], [5, 6]]
+    assert cores.split(3, [0, 1, 8, 9], pairs) is None        # two physical cores for three shares

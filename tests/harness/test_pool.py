@@ -61,3 +61,21 @@ def test_allow_starts_a_worker_ahead_for_an_evaluation_run_again(monkeypatch):
     pool.fill("gpu", 0, Limits())
     assert pool.spawned == 2 and pool.take("gpu", 0, Limits()) is not None
     assert pool.take("gpu", 0, Limits()) is None and pool.spawned == 2        # and no more than that
+
+
+def test_cap_stops_starting_workers_no_evaluation_can_take(monkeypatch):
+    """A sweep fed a job at a time learns how many may still come: no worker beyond that is started,
+    and a cap never raises the limit."""
+    class Fake:
+        class proc:
+            @staticmethod
+            def poll():
+                return None
+
+    pool = WarmPool(per_key=3, limit=10)
+    monkeypatch.setattr(pool, "_spawn", lambda *a: (setattr(pool, "spawned", pool.spawned + 1), Fake())[1])
+    pool.cap(2)
+    pool.fill("gpu", 0, Limits())
+    assert pool.spawned == 2
+    pool.cap(50)
+    assert pool.limit == 2
