@@ -234,6 +234,12 @@ class _Worker:
         return f"exited with code {rc}"
 
 
+def _host_gpu(gpu: int) -> int | str:
+    """The host's number for this process's GPU ``gpu`` (a sweep process per GPU sees only its own as 0)."""
+    p = physical_gpu(gpu)
+    return int(p) if p.isdigit() else p
+
+
 def verify(problem: P.Problem | str | int, dsl: str, kernel: str | Path, *, tier: str = "auto",
            size: str | None = None, gpu: int = 0, lane: GpuLane | None = None, limits: Limits | None = None,
            compile_baseline: bool | str = True, cache_dir: Path | None = None, keep_dir: bool = False,
@@ -266,7 +272,7 @@ def verify(problem: P.Problem | str | int, dsl: str, kernel: str | Path, *, tier
         status="crashed", problem_id=prob.id, problem=prob.name, problem_hash=prob.hash, dsl=dsl,
         kernel_sha256=hashlib.sha256(source.encode()).hexdigest(), tier=tier, size=size,
         created_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        env={**describe(gpu=tier == "gpu"), **({"gpu_index": gpu} if tier == "gpu" else {})})
+        env={**describe(gpu=tier == "gpu"), **({"gpu_index": _host_gpu(gpu)} if tier == "gpu" else {})})
     pol = check_source(source, kernel.name)
     rec.flags, rec.policy_details = list(pol.flags), list(pol.details)
     if {"syntax_error", "missing_solve"} & set(pol.flags):
