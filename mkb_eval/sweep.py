@@ -114,13 +114,13 @@ def run_sweep(jobs: list[Job], out: Path, *, tier: str = "auto", verify_kwargs: 
     """Verify every job not already in ``out``; returns the new records. Shows a progress bar.
 
     ``executor="local"`` (the default) runs a thread pool here: with ``parallel`` > 1 evaluations
-    overlap (process start, imports, compilation and correctness run side by side), while each
-    visible GPU's lane lets one timed phase at a time have that GPU (each job goes to the GPU with the
-    fewest in flight). ``executor="ray"`` runs each evaluation as a Ray task on the cluster at
+    overlap (process start, imports, compilation and correctness run side by side), while the GPU's
+    lane lets one timed phase at a time have it. With more than one GPU each GPU gets a sweep process
+    of its own that asks for the next job when it has room (:mod:`mkb_eval.sweep_per_gpu`);
+    ``parallel`` is then the total in flight. ``executor="ray"`` runs each evaluation as a Ray task on the cluster at
     ``address`` (default: a local Ray instance), see :mod:`mkb_eval.ray_executor`; ``parallel`` is
     then Ray's to decide. Both give the same records, written here and resumed the same way.
-    ``warm`` (local executor) takes each evaluation's worker from a :class:`WarmPool`. With more than
-    one GPU each GPU gets a sweep process of its own (:mod:`mkb_eval.sweep_per_gpu`).
+    ``warm`` (local executor) takes each evaluation's worker from a :class:`WarmPool`.
     """
     kwargs = verify_kwargs or {}
     if executor == "ray":
@@ -150,7 +150,7 @@ def run_sweep(jobs: list[Job], out: Path, *, tier: str = "auto", verify_kwargs: 
         return _sweep(jobs, out, tier, gpu, f"{how}, a sweep process per GPU ({n_gpus})",
                       lambda todo, sink: sweep_per_gpu.run(todo, tier, kwargs, parallel, n_gpus, sink, warm))
     return _sweep(jobs, out, tier, gpu, how, lambda todo, sink: _run_local(JobQueue(spread_order(todo)), tier, kwargs,
-                                                                          parallel, 1, sink, warm))
+                                                                          parallel, sink, warm))
 
 
 class _Sink:
@@ -205,13 +205,14 @@ def _sweep(jobs: list[Job], out: Path, tier: str, gpu: str | None, how: str,
     return sink.new
 
 
-def _run_local(queue: JobQueue, tier: str, verify_kwargs: dict[str, Any], parallel: int, n_lanes: int,
-               sink: Any, warm: bool = False) -> None:
-    """The thread pool: ``parallel`` threads each take the queue's next job until it is empty. On a host with GPUs everything here, and every worker started, keeps off
-    the timing cores (:mod:`mkb_eval.harness.cores`), whatever the tier: a CPU-tier sweep's
-    compilation must not slow another sweep's timed calls. An evaluation short of GPU memory while others
-    share its GPU is run again at the end alone on a GPU (such retries run side by side, one per
-    GPU); one the harness fails on is reported, not stored, and the sweep goes on."""
+def _run_local(queue: JobQueue, tier: str, verify_kwargs: dict[str, Any], parallel: int, sink: Any,
+               warm: bool = False) -> None:
+    """A sweep on one GPU (or the CPU tier): ``parallel`` threads each take the queue's next job until
+    it is empty, and the GPU's lane lets one timed phase at a time have the GPU. On a host with GPUs
+    everything here, and every worker started, keeps off the timing cores
+    (:mod:`mkb_eval.harness.cores`), whatever the tier: a CPU-tier sweep's compilation must not slow
+    another sweep's timed calls. An evaluation short of GPU memory while others share the GPU is run
+    again alone at the end; one the harness fails on is reported, not stored, and the sweep goes on."""
     import contextlib
     import traceback
     from concurrent.futures import ThreadPoolExecutor
@@ -225,29 +226,28 @@ def _run_local(queue: JobQueue, tier: str, verify_kwargs: dict[str, Any], parall
     crowded: list[Job] = []
 
     def crowded_out(job: Job) -> None:
-        """Run ``job`` again at the end, alone on GPU ``k % n_lanes`` (k: its place among the retries),
-        with a worker started ahead there like every other job's (a cold start cost ~10 s)."""
+        """Run ``job`` again alone at the end, with a worker started ahead for it like every other
+        job's (a cold start cost ~10 s)."""
         crowded.append(job)
         if workers is not None:
             workers.allow(1)
-            workers.fill(tier, (len(crowded) - 1) % n_lanes, limits)
+            workers.fill(tier, 0, limits)
 
     def drain() -> None:
         while (job := queue.take()) is not None:
             if workers is not None:               # no worker started for an evaluation that will not come
                 workers.cap(queue.taken + queue.bound() + len(crowded))
-            with lanes.least_busy() as lane:
-                evaluate(lane.index, job, False)
+            evaluate(job, False)
 
-    def evaluate(g: int, job: Job, alone: bool) -> None:
-        """``job`` on GPU ``g``: beside the others under its lane, or ``alone`` (a retry)."""
+    def evaluate(job: Job, alone: bool) -> None:
+        """``job`` beside the others under the GPU's lane, or ``alone`` (a retry)."""
         try:
-            rec = verify(job.problem, job.dsl, job.kernel, tier=tier, gpu=g, lane=None if alone else lanes[g],
+            rec = verify(job.problem, job.dsl, job.kernel, tier=tier, gpu=0, lane=None if alone else lane,
                          pool=workers, **verify_kwargs).to_dict()
         except Exception as e:  # noqa: BLE001 - the harness's own failure: this evaluation is retried next run
             if not alone and parallel > 1 and oom_text(f"{type(e).__name__}: {e}"):
                 crowded_out(job)       # the judge ran short of GPU memory beside the other evaluations
-                with lanes.all_exclusive():        # the release takes the allocator's lock: never mid-timing
+                with lane.exclusive():             # the release takes the allocator's lock: never mid-timing
                     _release_gpu_cache()
                 return
             sink.failed(job, f"{type(e).__name__}: {e}")
@@ -261,22 +261,19 @@ def _run_local(queue: JobQueue, tier: str, verify_kwargs: dict[str, Any], parall
         sink.record(rec, job)
 
     with contextlib.ExitStack() as stack:
-        n_gpus = n_lanes if tier == "gpu" else _visible_gpus()
+        n_gpus = 1 if tier == "gpu" else _visible_gpus()
         if n_gpus:
             stack.enter_context(keep_off_timing_cores(n_gpus))
-        lanes = GpuLanes(n_lanes, reference_timers=tier == "gpu" and parallel > 1)   # timers born on the work cores
+        lanes = GpuLanes(1, reference_timers=tier == "gpu" and parallel > 1)   # the timer born on the work cores
         stack.callback(lanes.close)
-        workers = stack.enter_context(WarmPool.for_lanes(tier, n_lanes, parallel, limits, limit=queue.bound())) if warm else None
+        lane = lanes[0]
+        workers = stack.enter_context(WarmPool.for_lanes(tier, 1, parallel, limits, limit=queue.bound())) if warm else None
         with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
             for f in [pool.submit(drain) for _ in range(max(1, parallel))]:
                 f.result()
-        # retries run in rounds, one alone on each GPU, and the judge's cached GPU memory is handed back
-        # before each round, while no retry runs: what runs out of memory now is the kernel's doing
-        with ThreadPoolExecutor(max_workers=n_lanes) as pool:
-            for r in range(0, len(crowded), n_lanes):
-                _release_gpu_cache()
-                for f in [pool.submit(evaluate, k % n_lanes, job, True) for k, job in enumerate(crowded[r:r + n_lanes], r)]:
-                    f.result()
+        for job in crowded:            # the judge's cached GPU memory handed back first: what runs out now is the kernel's doing
+            _release_gpu_cache()
+            evaluate(job, True)
 
 
 _OOM = ("OutOfMemoryError", "out of memory", "cudaErrorMemoryAllocation", "CUBLAS_STATUS_ALLOC_FAILED")

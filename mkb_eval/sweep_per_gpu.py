@@ -200,7 +200,7 @@ def main() -> int:
     if cfg.get("cores") and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, cfg["cores"])         # before any thread starts: all of them inherit it
     queue = _RemoteQueue(cfg["expected"], proto)
-    _run_local(queue, cfg["tier"], cfg["verify_kwargs"], cfg["parallel"], 1, _Reply(proto, queue), cfg["warm"])
+    _run_local(queue, cfg["tier"], cfg["verify_kwargs"], cfg["parallel"], _Reply(proto, queue), cfg["warm"])
     usage = os.times()
     proto.send({"cpu_s": usage.user + usage.system, "wall_s": time.perf_counter() - t0})
     return 0

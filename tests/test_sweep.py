@@ -102,7 +102,7 @@ def test_out_of_memory_beside_other_evaluations_is_retried_alone(monkeypatch):
 
     jobs = S.shipped_jobs([P.find(i) for i in (28, 29, 30, 31, 36, 1)], ["tirx"])
     sink = Sink()
-    S._run_local(S.JobQueue(S.spread_order(jobs)), "gpu", {}, parallel=3, n_lanes=2, sink=sink)
+    S._run_local(S.JobQueue(S.spread_order(jobs)), "gpu", {}, parallel=3, sink=sink)
     by = {r["problem_id"]: r for r in sink.recs}
     assert len(sink.recs) == 5 and all(by[i]["status"] == "ok" and by[i]["flags"] == ["retried_alone_after_oom"]
                                        for i in (28, 29, 30))
@@ -110,7 +110,6 @@ def test_out_of_memory_beside_other_evaluations_is_retried_alone(monkeypatch):
     assert sink.failures == [(31, "KeyError: 'a harness bug'")]
     alone = [c for c in calls if c[2]]                                 # retries run without a shared lane
     assert sorted(c[0] for c in alone) == [28, 29, 30]
-    assert {c[3] for c in alone} == {0, 1}                             # side by side, one per GPU
 
     from mkb_eval.harness import pool as W
 
@@ -134,54 +133,8 @@ def test_out_of_memory_beside_other_evaluations_is_retried_alone(monkeypatch):
 
     fake = Pool()
     monkeypatch.setattr(W.WarmPool, "for_lanes", classmethod(lambda cls, *a, **k: fake))
-    S._run_local(S.JobQueue(S.spread_order(jobs)), "gpu", {}, parallel=3, n_lanes=2, sink=Sink(), warm=True)
-    assert fake.allowed == 3 and sorted(fake.filled) == [0, 0, 1]
-
-
-def test_each_evaluation_goes_to_the_gpu_with_the_fewest_in_flight(monkeypatch):
-    """A slow evaluation holds one GPU; the jobs after it go to the other GPU instead of queueing
-    behind it every other turn."""
-    import threading
-
-    from mkb_eval import problems as P
-    from mkb_eval import sweep as S
-    from mkb_eval.harness import verify as V
-
-    gpu_of, slow_started, others_done = {}, threading.Event(), threading.Event()
-
-    class Rec:
-        def __init__(self, pid):
-            self.flags, self.d = [], {"tier": "gpu", "problem_id": pid, "status": "ok"}
-
-        def to_dict(self):
-            return {**self.d, "flags": self.flags}
-
-    def fake_verify(problem, dsl, kernel, *, gpu, lane=None, pool=None, **kw):
-        gpu_of[problem.id] = gpu
-        if problem.id == 28:
-            slow_started.set()
-            assert others_done.wait(30), "the other jobs waited behind the slow one"
-        else:
-            assert slow_started.wait(30)
-            if problem.id == 31:
-                others_done.set()
-        return Rec(problem.id)
-
-    monkeypatch.setattr(V, "verify", fake_verify)
-
-    class Sink:
-        recs: list = []
-
-        def record(self, r, job):
-            self.recs.append(r)
-
-        def failed(self, job, error):
-            raise AssertionError(error)
-
-    jobs = S.shipped_jobs([P.find(i) for i in (28, 29, 30, 31)], ["tirx"])
-    S._run_local(S.JobQueue(S.spread_order(jobs)), "gpu", {}, parallel=2, n_lanes=2, sink=Sink())
-    assert len(Sink.recs) == 4
-    assert {gpu_of[i] for i in (29, 30, 31)} == {1 - gpu_of[28]}
+    S._run_local(S.JobQueue(S.spread_order(jobs)), "gpu", {}, parallel=3, sink=Sink(), warm=True)
+    assert fake.allowed == 3 and fake.filled == [0, 0, 0]
 
 
 def test_stage_table_says_where_the_time_went():

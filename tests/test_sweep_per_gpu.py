@@ -55,6 +55,30 @@ def test_a_child_that_dies_loses_nothing_silently(tmp_path, monkeypatch):
     assert sum("ended (exit code 3)" in e for e in errors) == 2 and "no GPU's sweep process was left" in errors[-1]
 
 
+def test_a_slow_gpu_takes_fewer_jobs(tmp_path, monkeypatch):
+    """Jobs go to whichever GPU's process asks next: one that takes a second per evaluation does not
+    hold half of them while the other idles."""
+    fake = tmp_path / "child.py"
+    fake.write_text("import json, os, sys, time\n"
+                    "sys.stdin.readline()\n"
+                    "gpu = os.environ['CUDA_VISIBLE_DEVICES']\n"
+                    "while True:\n"
+                    "    print(json.dumps({'want': 1}), flush=True)\n"
+                    "    job = json.loads(sys.stdin.readline())\n"
+                    "    if job.get('done'):\n"
+                    "        break\n"
+                    "    time.sleep(1.0 if gpu == '0' else 0.05)\n"
+                    "    print(json.dumps({'job': job['job'], 'record': {'gpu': gpu, 'kernel': job['kernel']}}), flush=True)\n"
+                    "print(json.dumps({'cpu_s': 0.1, 'wall_s': 2.0}), flush=True)\n")
+    monkeypatch.setattr(G, "CHILD", [sys.executable, str(fake)])
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    jobs = S.shipped_jobs([P.find(i) for i in (28, 29, 30, 31, 36, 1)], ["tirx"])
+    sink = Sink()
+    G.run(jobs, "gpu", {}, parallel=2, n_gpus=2, sink=sink)
+    assert sink.failures == [] and sorted(r["kernel"] for r in sink.recs) == sorted(str(j.kernel) for j in jobs)
+    assert sum(r["gpu"] == "0" for r in sink.recs) <= 2
+
+
 def test_the_child_refuses_a_problem_changed_during_the_sweep(monkeypatch):
     sent = []
 

@@ -108,15 +108,6 @@ class GpuLanes:
         return self.lanes[index]
 
     @contextlib.contextmanager
-    def all_exclusive(self) -> Iterator[None]:
-        """Every GPU's lane exclusively (taken in index order, so two such holders cannot deadlock);
-        for work in this process that could stall a timed phase on any GPU."""
-        with contextlib.ExitStack() as stack:
-            for lane in self.lanes:
-                stack.enter_context(lane.exclusive())
-            yield
-
-    @contextlib.contextmanager
     def least_busy(self) -> Iterator[GpuLane]:
         """The chosen GPU's lane (``.index`` is the GPU), counted as busy for the block."""
         with self._lock:

@@ -80,27 +80,6 @@ def test_evaluations_go_to_the_least_busy_gpu_in_turn_among_equals():
     assert lanes[1] is lanes.lanes[1] and len(lanes) == 3
 
 
-def test_all_exclusive_waits_for_every_gpu_and_keeps_them_all():
-    lanes, events = GpuLanes(2), []
-    lanes[1].acquire_shared()                     # correctness work on GPU 1
-
-    def release_later():
-        time.sleep(0.2)
-        events.append("shared done")
-        lanes[1].release_shared()
-
-    t = threading.Thread(target=release_later)
-    t.start()
-    with lanes.all_exclusive():
-        events.append("all held")
-        with lanes[0]._cond, lanes[1]._cond:
-            assert lanes[0]._exclusive and lanes[1]._exclusive
-    t.join()
-    assert events == ["shared done", "all held"]
-    with lanes[0].shared(), lanes[1].shared():    # and handed back
-        pass
-
-
 def test_each_gpu_keeps_a_timing_core_that_other_work_avoids(monkeypatch):
     import torch
 
