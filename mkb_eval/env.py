@@ -26,6 +26,10 @@ def git_commit() -> dict[str, Any]:
     given = os.environ.get("MKB_GIT_COMMIT", "")
     if re.fullmatch(r"[0-9a-f]{40}", given):
         return {"commit": given, "dirty": os.environ.get("MKB_GIT_DIRTY") == "1"}
+    if given:
+        import warnings
+
+        warnings.warn(f"MKB_GIT_COMMIT={given!r} is not a full 40-hex commit; asking git instead", stacklevel=2)
     root = Path(__file__).resolve().parent.parent
     try:
         sha = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,

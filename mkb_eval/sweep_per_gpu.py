@@ -1,9 +1,9 @@
 """A local sweep over several GPUs: one sweep process per GPU, fed one job at a time from here.
 
 One process running every GPU's evaluations shares one GIL among their judging, lanes and
-polling threads. On a 2x H200 host a 2-GPU sweep in one process ran 1.61x as fast as a 1-GPU
-sweep, and once warm an evaluation took 18% longer beside the same 12 per GPU
-(results/h200/2026-11-30_bench5). Here each GPU gets a sweep process of its own, on its own share
+polling threads: a 1-GPU sweep's process used 0.73 of a core on the H200 (12 in flight), so one
+process could not keep two GPUs going, let alone four (results/h200/2026-11-30_bench6, where the
+GPUs' processes of a 2-GPU sweep used 0.6-0.7 each). Here each GPU gets a sweep process of its own, on its own share
 of the cores (timing core included), seeing only its GPU; this process only hands out jobs (in
 :func:`~mkb_eval.sweep.spread_order`, to whichever GPU's process asks next, so a slow GPU takes
 fewer) and stores what comes back, so records, resumption and the progress bar are the same as a
@@ -84,6 +84,8 @@ def _serve(g: int, proc: subprocess.Popen[str], queue: JobQueue, sink: Any, numb
         try:
             msg = json.loads(line)
         except json.JSONDecodeError:
+            msg = None
+        if not isinstance(msg, dict) or not isinstance(msg.get("job", 0), int):
             print(f"GPU {g}'s sweep process wrote an unreadable line: {line[:200]!r}", file=sys.stderr)
             continue
         if "want" in msg:

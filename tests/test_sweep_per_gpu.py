@@ -44,6 +44,8 @@ def test_a_child_that_dies_loses_nothing_silently(tmp_path, monkeypatch):
                     "print(json.dumps({'want': 1}), flush=True)\n"
                     "job = json.loads(sys.stdin.readline())\n"
                     "print('not json', flush=True)\n"
+                    "print(json.dumps(['a', 'list']), flush=True)\n"
+                    "print(json.dumps({'job': [1], 'record': {}}), flush=True)\n"
                     "print(json.dumps({'job': 12345, 'record': {'status': 'ok'}}), flush=True)\n"
                     "sys.exit(3)\n")
     monkeypatch.setattr(G, "CHILD", [sys.executable, str(fake)])

@@ -44,17 +44,23 @@ def test_a_worker_whose_parent_leaves_without_a_job_exits_cleanly():
     w.kill()
 
 
-def test_allow_starts_a_worker_ahead_for_an_evaluation_run_again(monkeypatch):
-    """A sweep's limit is its job count; a job crowded out of GPU memory runs again, and its retry
-    should find a warm worker like every other job instead of starting one cold."""
+def _counting_pool(monkeypatch, **kw) -> WarmPool:
+    """A pool whose workers are live stand-ins: only what it starts is counted."""
     class Fake:
         class proc:
             @staticmethod
             def poll():
                 return None
 
-    pool = WarmPool(per_key=1, limit=1)
+    pool = WarmPool(**kw)
     monkeypatch.setattr(pool, "_spawn", lambda *a: (setattr(pool, "spawned", pool.spawned + 1), Fake())[1])
+    return pool
+
+
+def test_allow_starts_a_worker_ahead_for_an_evaluation_run_again(monkeypatch):
+    """A sweep's limit is its job count; a job crowded out of GPU memory runs again, and its retry
+    should find a warm worker like every other job instead of starting one cold."""
+    pool = _counting_pool(monkeypatch, per_key=1, limit=1)
     pool.fill("gpu", 0, Limits())
     assert pool.take("gpu", 0, Limits()) is not None and pool.spawned == 1     # the limit: no replacement
     pool.allow(1)
@@ -66,14 +72,7 @@ def test_allow_starts_a_worker_ahead_for_an_evaluation_run_again(monkeypatch):
 def test_cap_stops_starting_workers_no_evaluation_can_take(monkeypatch):
     """A sweep fed a job at a time learns how many may still come: no worker beyond that is started,
     and a cap never raises the limit."""
-    class Fake:
-        class proc:
-            @staticmethod
-            def poll():
-                return None
-
-    pool = WarmPool(per_key=3, limit=10)
-    monkeypatch.setattr(pool, "_spawn", lambda *a: (setattr(pool, "spawned", pool.spawned + 1), Fake())[1])
+    pool = _counting_pool(monkeypatch, per_key=3, limit=10)
     pool.cap(2)
     pool.fill("gpu", 0, Limits())
     assert pool.spawned == 2
