@@ -7,9 +7,11 @@ resumes where it stopped and a changed kernel or problem is evaluated again.
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import math
 import statistics
+import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,9 +83,6 @@ class JobQueue:
     still hand out: a warm pool starts no worker beyond what could still be taken."""
 
     def __init__(self, jobs: Iterable[Job]) -> None:
-        import collections
-        import threading
-
         self._jobs = collections.deque(jobs)
         self._lock = threading.Lock()
         self.taken = 0
@@ -157,8 +156,6 @@ class _Sink:
     """Where finished evaluations go, from any executor: the store, the progress bar, the new list."""
 
     def __init__(self, out: Path, bar: Any, task: Any) -> None:
-        import threading
-
         self.out, self.bar, self.task = out, bar, task
         self.new: list[dict] = []
         self.failures = 0

@@ -35,7 +35,7 @@ from typing import Any
 from mkb_eval import problems as P
 from mkb_eval.harness import cores
 from mkb_eval.harness.lanes import physical_gpu
-from mkb_eval.harness.sandbox import pythonpath_first, repo_root
+from mkb_eval.harness.sandbox import own_code_env
 from mkb_eval.sweep import Job, JobQueue, spread_order
 
 CHILD = [sys.executable, "-m", "mkb_eval.sweep_per_gpu"]
@@ -47,8 +47,8 @@ def run(todo: list[Job], tier: str, verify_kwargs: dict[str, Any], parallel: int
     queue = JobQueue(spread_order(todo))
     shares = cores.split(n_gpus) or [None] * n_gpus
     per_gpu = -(-max(1, parallel) // n_gpus)
-    children = [_start(g, shares[g], {"tier": tier, "verify_kwargs": verify_kwargs, "parallel": per_gpu,
-                                      "warm": warm, "expected": len(todo), "cores": shares[g]}) for g in range(n_gpus)]
+    children = [_start(g, {"tier": tier, "verify_kwargs": verify_kwargs, "parallel": per_gpu, "warm": warm,
+                           "expected": len(todo), "cores": shares[g]}) for g in range(n_gpus)]
     numbers = itertools.count()
     threads = [threading.Thread(target=_serve, args=(g, c, queue, sink, numbers), daemon=True)
                for g, c in enumerate(children)]
@@ -67,9 +67,9 @@ def run(todo: list[Job], tier: str, verify_kwargs: dict[str, Any], parallel: int
         sink.failed(job, "no GPU's sweep process was left to run it")
 
 
-def _start(g: int, share: list[int] | None, cfg: dict[str, Any]) -> subprocess.Popen[str]:
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": physical_gpu(g), "PYTHONPATH": pythonpath_first(repo_root(), dict(os.environ))}
-    proc = subprocess.Popen(CHILD, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True, bufsize=1)
+def _start(g: int, cfg: dict[str, Any]) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(CHILD, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
+                            env=own_code_env(CUDA_VISIBLE_DEVICES=physical_gpu(g)))
     assert proc.stdin is not None
     proc.stdin.write(base64.b64encode(pickle.dumps(cfg)).decode() + "\n")
     proc.stdin.flush()

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from mkb_eval.harness.lanes import physical_gpu
-from mkb_eval.harness.sandbox import pythonpath_first, repo_root
+from mkb_eval.harness.sandbox import own_code_env
 
 
 class ReferenceTimer:
@@ -46,10 +46,9 @@ class ReferenceTimer:
 
     def _start(self) -> None:
         self._stderr = tempfile.TemporaryFile()
-        env = {**os.environ, "CUDA_VISIBLE_DEVICES": self._physical,
-               "PYTHONPATH": pythonpath_first(repo_root(), dict(os.environ))}
         self._proc = subprocess.Popen([sys.executable, "-m", "mkb_eval.harness.reference_timer"], stdin=subprocess.PIPE,
-                                      stdout=subprocess.PIPE, stderr=self._stderr, env=env, text=True, bufsize=1)
+                                      stdout=subprocess.PIPE, stderr=self._stderr, text=True, bufsize=1,
+                                      env=own_code_env(CUDA_VISIBLE_DEVICES=self._physical))
         self._pending = b""
 
     def _restart(self) -> None:

@@ -188,6 +188,12 @@ def pythonpath_first(code: Path, env: dict[str, str]) -> str:
     return str(code) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
 
 
+def own_code_env(**extra: str) -> dict[str, str]:
+    """This process's environment, ``extra`` added, for a trusted child that runs a module of this
+    checkout (``python -m mkb_eval...``) whatever the working folder."""
+    return {**os.environ, "PYTHONPATH": pythonpath_first(repo_root(), dict(os.environ)), **extra}
+
+
 def _become(ids: tuple[int, int]) -> None:
     """Drop to (uid, gid) with no supplementary groups (a forked child, before exec)."""
     os.setgroups([])
