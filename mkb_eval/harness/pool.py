@@ -2,9 +2,12 @@
 
 A worker is spawned with its evaluation folder, sandbox and environment, imports torch and both
 DSL toolchains, then blocks reading its job. Taking one hands that process to a single
-evaluation (it is never reused) and immediately spawns its replacement, so the 5-8 s of process
-start and imports overlap the previous evaluation instead of adding to it. A worker holds no job,
-seed or candidate code until it is taken; an idle one left behind exits when its stdin closes.
+evaluation (it is never reused) and spawns its replacement, so the 5-8 s of process start and
+imports overlap the previous evaluation instead of adding to it. A worker taken while still
+importing gets its replacement only once its imports are done: at a sweep's start every worker
+is taken at once, and replacements importing beside them made the first evaluations wait 20 s
+for their workers on the H200 (results/h200/2026-11-30_bench6). A worker holds no job, seed or
+candidate code until it is taken; an idle one left behind exits when its stdin closes.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ class WarmPool:
         self._idle: dict[tuple, list[Any]] = {}
         self._lock = threading.Lock()
         self.taken = self.spawned = 0
+        self.closed = False
+        self.import_timeout_s = 120.0
 
     @classmethod
     def for_lanes(cls, tier: str, n_lanes: int, in_flight: int, limits: Any, limit: int | None = None) -> WarmPool:
@@ -54,7 +59,7 @@ class WarmPool:
         with self._lock:
             idle = self._idle.setdefault(key, [])
             idle[:] = [w for w in idle if w.proc.poll() is None]
-            while len(idle) < self.per_key and (self.limit is None or self.spawned < self.limit):
+            while not self.closed and len(idle) < self.per_key and (self.limit is None or self.spawned < self.limit):
                 idle.append(self._spawn(tier, gpu, limits))
 
     def allow(self, n: int = 1) -> None:
@@ -83,12 +88,20 @@ class WarmPool:
                 else:
                     _discard(cand)
             self.taken += w is not None
-        self.fill(tier, gpu, limits)
+        if w is None or w.wait_preloaded(0):
+            self.fill(tier, gpu, limits)
+        else:
+            threading.Thread(target=self._fill_once_ready, args=(w, tier, gpu, limits), daemon=True).start()
         return w
+
+    def _fill_once_ready(self, w: Any, tier: str, gpu: int, limits: Any) -> None:
+        w.wait_preloaded(self.import_timeout_s)
+        self.fill(tier, gpu, limits)
 
     def close(self) -> None:
         """Stop every idle worker and remove its folder."""
         with self._lock:
+            self.closed = True
             for idle in self._idle.values():
                 for w in idle:
                     _discard(w)

@@ -13,11 +13,13 @@ import hashlib
 import os
 import re
 import secrets
+import select
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -95,7 +97,11 @@ class _Worker:
         self.sentinel = secrets.token_hex(16)
         self.channel = root / "channel"
         self.gate_r, self.gate_w = os.pipe()
+        ready_w, self._ready_r = -1, None
+        if preload:                            # the worker writes a byte here once its imports are done
+            self._ready_r, ready_w = os.pipe()
         self.killed_for: str | None = None
+        self._ready_lock = threading.Lock()
         self._next_watch = 0.0
         self._channel_seen: tuple[int, int] = (-1, -1)
         self._messages: list[dict[str, Any]] = []
@@ -104,16 +110,18 @@ class _Worker:
             "TMPDIR": str(root / "tmp"), "CUTE_DSL_DISABLE_FILE_CACHING": "1", "CUTE_DSL_CACHE_DIR": str(root / "cute_cache"),
             "XDG_CACHE_HOME": str(root / "cache"), "TVM_HOME": str(root / "tvm"), "HOME": str(root / "home"),
             "PYTHONDONTWRITEBYTECODE": "1",
-            "PYTHONUNBUFFERED": "1", **({"MKB_WORKER_PRELOAD": "1"} if preload else {}), **env_extra,
+            "PYTHONUNBUFFERED": "1", **({"MKB_WORKER_PRELOAD": str(ready_w)} if preload else {}), **env_extra,
         }, code_root(limits.sandbox.run_as))
         self.sandbox = Sandbox.create(limits.sandbox, owned=root)
         self.stdout, self.stderr = root / "stdout.txt", root / "stderr.txt"
         with open(self.stdout, "wb") as so, open(self.stderr, "wb") as se:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "mkb_eval.harness.worker", "-"], cwd=work, env=env,
-                stdin=subprocess.PIPE, stdout=so, stderr=se, start_new_session=True, pass_fds=(self.gate_r,),
-                preexec_fn=self.sandbox.preexec)
+                stdin=subprocess.PIPE, stdout=so, stderr=se, start_new_session=True,
+                pass_fds=(self.gate_r,) + ((ready_w,) if preload else ()), preexec_fn=self.sandbox.preexec)
         os.close(self.gate_r)
+        if preload:
+            os.close(ready_w)
 
     def start(self, job: dict[str, Any]) -> None:
         import json
@@ -125,6 +133,20 @@ class _Worker:
             self.proc.stdin.close()
         except BrokenPipeError:
             pass
+
+    def wait_preloaded(self, timeout: float) -> bool:
+        """Whether a warm worker's imports are done (or it ended), waiting up to ``timeout`` s for it."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._ready_lock:             # short slices: ``kill`` closes the pipe under this lock
+                if self._ready_r is None:
+                    return True
+                if select.select([self._ready_r], [], [], min(0.05, max(0.0, deadline - time.monotonic())))[0]:
+                    os.close(self._ready_r)
+                    self._ready_r = None
+                    return True
+            if time.monotonic() >= deadline:
+                return False
 
     def _watch(self) -> None:
         """Kill the worker's session past the memory or process caps (where cgroups are missing too)."""
@@ -207,10 +229,14 @@ class _Worker:
         self.leftover = session_usage(self.proc.pid)[1]
         if self.leftover:                      # a child outlived the group kill: try once more
             self.kill_group()
-        try:
-            os.close(self.gate_w)
-        except OSError:
-            pass
+        with self._ready_lock:
+            for fd in (self.gate_w, self._ready_r):
+                try:
+                    if fd is not None:
+                        os.close(fd)
+                except OSError:
+                    pass
+            self._ready_r = None
 
     def facts(self) -> dict[str, str]:
         net = [m.get("network") for m in self.messages() if m.get("stage") == "setup"]

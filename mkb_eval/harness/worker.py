@@ -83,8 +83,14 @@ def _pin(cpus: list[int] | None) -> None:
 
 
 def main(argv: list[str]) -> int:
-    if os.environ.get("MKB_WORKER_PRELOAD") == "1":
+    ready = os.environ.pop("MKB_WORKER_PRELOAD", None)
+    if ready is not None:
         _preload()
+        try:                                 # tell the pool: imports done (it starts spares after)
+            os.write(int(ready), b"1")
+            os.close(int(ready))
+        except (OSError, ValueError):
+            pass
     data = sys.stdin.read()                  # the seeds never touch the disk
     sys.stdin.close()
     if not data.strip():                     # a warm worker whose parent left without a job

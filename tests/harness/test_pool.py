@@ -1,5 +1,7 @@
 """Warm workers: same records as cold ones, replaced when taken, capped, and no process left behind."""
 
+import threading
+import time
 from pathlib import Path
 
 from mkb_eval import problems as P
@@ -18,7 +20,7 @@ def test_warm_worker_gives_the_record_a_cold_one_gives():
     with WarmPool() as pool:
         pool.fill("cpu", 0, Limits())
         warm = verify(p36, "tirx", p36.solution_path("tirx"), tier="cpu", pool=pool).to_dict()
-        assert pool.taken == 1 and pool.spawned == 2          # the taken worker was replaced at once
+        assert pool.taken == 1 and pool.spawned == 2          # the taken worker was replaced (once it had imported)
     cold = verify(p36, "tirx", p36.solution_path("tirx"), tier="cpu").to_dict()
     assert warm["status"] == cold["status"] == "unverified", warm["message"]
     assert warm["sandbox"]["worker"].startswith("warm") and cold["sandbox"]["worker"] == "cold"
@@ -29,7 +31,10 @@ def test_pool_close_stops_idle_workers_and_removes_their_folders():
     pool = WarmPool(per_key=2, limit=3)
     pool.fill("cpu", 0, Limits())
     w = pool.take("cpu", 0, Limits())
-    assert w is not None and pool.spawned == 3                 # capped: no fourth worker for nothing
+    assert w is not None and w.wait_preloaded(120)
+    assert _until(lambda: pool.spawned == 3)
+    time.sleep(0.2)
+    assert pool.spawned == 3                                    # capped: no fourth worker for nothing
     idle = [x for xs in pool._idle.values() for x in xs]
     pool.close()
     for x in idle:
@@ -44,13 +49,57 @@ def test_a_worker_whose_parent_leaves_without_a_job_exits_cleanly():
     w.kill()
 
 
-def _counting_pool(monkeypatch, **kw) -> WarmPool:
-    """A pool whose workers are live stand-ins: only what it starts is counted."""
+def test_a_warm_worker_says_when_its_imports_are_done():
+    w = spawn_worker("cpu", 0, Limits(), preload=True)
+    assert not w.wait_preloaded(0)                  # a fresh interpreter has not imported torch yet
+    assert w.wait_preloaded(120)
+    w.kill()
+    cold = spawn_worker("cpu", 0, Limits())
+    assert cold.wait_preloaded(0)                   # nothing to wait for
+    cold.kill()
+
+
+def test_a_worker_taken_while_importing_is_replaced_once_its_imports_are_done(monkeypatch):
+    """At a sweep's start every worker is taken at once: replacements importing beside them would
+    slow down the imports those evaluations wait for."""
+    imported = threading.Event()
+    pool = _counting_pool(monkeypatch, per_key=1, imported=imported)
+    pool.fill("gpu", 0, Limits())
+    assert pool.take("gpu", 0, Limits()) is not None
+    time.sleep(0.3)
+    assert pool.spawned == 1
+    imported.set()
+    assert _until(lambda: pool.spawned == 2)
+    pool.close()
+    pool.fill("gpu", 0, Limits())
+    assert pool.spawned == 2                        # a closed pool starts nothing (a late replacement)
+
+
+def _until(cond, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not cond() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return cond()
+
+
+def _counting_pool(monkeypatch, imported: threading.Event | None = None, **kw) -> WarmPool:
+    """A pool whose workers are live stand-ins (imports done unless ``imported`` is given): only
+    what it starts is counted."""
     class Fake:
         class proc:
             @staticmethod
             def poll():
                 return None
+
+        @staticmethod
+        def wait_preloaded(timeout):
+            return imported is None or imported.wait(timeout)
+
+        root = Path("never-created")
+
+        @staticmethod
+        def kill():
+            pass
 
     pool = WarmPool(**kw)
     monkeypatch.setattr(pool, "_spawn", lambda *a: (setattr(pool, "spawned", pool.spawned + 1), Fake())[1])
