@@ -36,7 +36,7 @@ from mkb_eval.records import append_jsonl, read_jsonl  # noqa: E402
 
 STAGES = ("worker_start", "worker_phase1", "compile_lane_wait", "judge_correctness", "lane_step_aside",
           "timing_lane_wait", "worker_timing", "eager_baseline", "compile_baseline", "recheck_lane_wait",
-          "judge_rechecks", "total")
+          "judge_rechecks", "total", "worker_cpu_before_job_s", "worker_cpu_s")
 STABLE_PROBLEMS = "3,22,33,46,55,70"       # one problem of each family, kernels of 0.1-5 ms
 
 
@@ -318,7 +318,8 @@ def markdown(report: dict) -> str:
                       "shares one GIL; not the workers), in cores; over several GPUs the parent only hands out jobs "
                       "and each GPU's sweep process does that work (its cores in brackets)."]
     if report["sweeps"]:
-        lines += ["", "Mean seconds per evaluation by stage (stages overlap across evaluations in flight):", "",
+        lines += ["", "Mean seconds per evaluation by stage (stages overlap across evaluations in flight; the last two "
+                  "are the worker's CPU seconds, all its threads: before its job, and in all):", "",
                   "| GPUs | " + " | ".join(STAGES) + " |", "|---:|" + "---:|" * len(STAGES)]
         for s in report["sweeps"]:
             lines.append(f"| {s['gpus']} | " + " | ".join(str(s["stage_means_s"].get(x, "-")) for x in STAGES) + " |")

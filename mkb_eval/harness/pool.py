@@ -2,12 +2,13 @@
 
 A worker is spawned with its evaluation folder, sandbox and environment, imports torch and both
 DSL toolchains, then blocks reading its job. Taking one hands that process to a single
-evaluation (it is never reused) and spawns its replacement, so the 5-8 s of process start and
-imports overlap the previous evaluation instead of adding to it. A worker taken while still
-importing gets its replacement only once its imports are done: at a sweep's start every worker
-is taken at once, and replacements importing beside them made the first evaluations wait 20 s
-for their workers on the H200 (results/h200/2026-11-30_bench6). A worker holds no job, seed or
-candidate code until it is taken; an idle one left behind exits when its stdin closes.
+evaluation (it is never reused) and spawns its replacement, so the process start and imports
+(15-18 s and as many CPU seconds on the H200 host, results/h200/2026-11-30_bench7) overlap the
+previous evaluation instead of adding to it. A worker taken while still importing gets its
+replacement only once its imports are done: at a sweep's start every worker is taken at once,
+and replacements importing beside them made the first evaluations wait 20 s for their workers
+(results/h200/2026-11-30_bench6). A worker holds no job, seed or candidate code until it is
+taken; an idle one left behind exits when its stdin closes.
 """
 
 from __future__ import annotations

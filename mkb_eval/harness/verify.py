@@ -373,12 +373,18 @@ def _cores(gpu: int) -> tuple[int | None, list[int] | None]:
 
 
 def _stage_times(w: _Worker) -> dict[str, float]:
-    """Seconds spent in each worker stage, from the timestamps of its progress messages."""
-    prog = [m for m in w.messages() if m.get("kind") == "progress" and "t" in m]
+    """Seconds spent in each worker stage, from the timestamps of its progress messages; and the
+    worker's CPU seconds (all its threads): before its job arrived (interpreter start and, warm,
+    the preloaded imports) and in all, as it last reported them."""
+    msgs = w.messages()
+    prog = [m for m in msgs if m.get("kind") == "progress" and "t" in m]
     out: dict[str, float] = {}
     for a, b in zip(prog, prog[1:]):
         key = "w_" + a["stage"]
         out[key] = round(out.get(key, 0.0) + b["t"] - a["t"], 3)
+    cpu = [m["cpu"] for m in msgs if isinstance(m.get("cpu"), (int, float))]
+    if cpu:
+        out.update(worker_cpu_before_job_s=cpu[0], worker_cpu_s=max(cpu))
     return out
 
 

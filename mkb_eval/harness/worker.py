@@ -102,7 +102,7 @@ def main(argv: list[str]) -> int:
     def progress(s: str, **kw: Any) -> None:
         nonlocal stage
         stage = s
-        chan.send(kind="progress", stage=s, t=time.time(), **kw)
+        chan.send(kind="progress", stage=s, t=time.time(), cpu=round(time.process_time(), 3), **kw)
 
     _pin(job.get("work_cpus"))               # start-up and compilation stay off the timing cores
     from mkb_eval.harness.sandbox import network_isolated
@@ -110,11 +110,13 @@ def main(argv: list[str]) -> int:
     try:
         progress("setup", network="isolated" if network_isolated() else "shared")
         result = run(job, chan, progress)
-        chan.send(kind="final", status=result.pop("status"), stage="done", **result)
+        chan.send(kind="final", status=result.pop("status"), stage="done", cpu=round(time.process_time(), 3), **result)
     except Stop as s:
-        chan.send(kind="final", status=s.status, stage=stage, message=s.message, **s.extra)
+        chan.send(kind="final", status=s.status, stage=stage, message=s.message, cpu=round(time.process_time(), 3),
+                  **s.extra)
     except BaseException as e:  # noqa: BLE001 - everything the candidate raises becomes a status
-        chan.send(kind="final", status="runtime_error", stage=stage, message=_format_exc(e))
+        chan.send(kind="final", status="runtime_error", stage=stage, message=_format_exc(e),
+                  cpu=round(time.process_time(), 3))
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)  # skip interpreter teardown: candidate atexit hooks and destructors do not run

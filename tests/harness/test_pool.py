@@ -24,6 +24,10 @@ def test_warm_worker_gives_the_record_a_cold_one_gives():
     cold = verify(p36, "tirx", p36.solution_path("tirx"), tier="cpu").to_dict()
     assert warm["status"] == cold["status"] == "unverified", warm["message"]
     assert warm["sandbox"]["worker"].startswith("warm") and cold["sandbox"]["worker"] == "cold"
+    for rec in (warm, cold):                                   # the worker's own CPU seconds, all its threads
+        assert 0 < rec["stages_s"]["worker_cpu_before_job_s"] < rec["stages_s"]["worker_cpu_s"]
+    # a warm worker imported torch and the toolchains before its job; a cold one during it
+    assert warm["stages_s"]["worker_cpu_before_job_s"] > 2 * cold["stages_s"]["worker_cpu_before_job_s"]
     assert _stable(warm) == _stable(cold)
 
 
