@@ -99,10 +99,13 @@ def main(argv: list[str]) -> int:
     chan = Channel(job["channel"], job["sentinel"])
     stage = "start"
 
+    def report(**kw: Any) -> None:                 # progress and final messages carry the worker's CPU seconds
+        chan.send(cpu=round(time.process_time(), 3), **kw)
+
     def progress(s: str, **kw: Any) -> None:
         nonlocal stage
         stage = s
-        chan.send(kind="progress", stage=s, t=time.time(), cpu=round(time.process_time(), 3), **kw)
+        report(kind="progress", stage=s, t=time.time(), **kw)
 
     _pin(job.get("work_cpus"))               # start-up and compilation stay off the timing cores
     from mkb_eval.harness.sandbox import network_isolated
@@ -110,13 +113,11 @@ def main(argv: list[str]) -> int:
     try:
         progress("setup", network="isolated" if network_isolated() else "shared")
         result = run(job, chan, progress)
-        chan.send(kind="final", status=result.pop("status"), stage="done", cpu=round(time.process_time(), 3), **result)
+        report(kind="final", status=result.pop("status"), stage="done", **result)
     except Stop as s:
-        chan.send(kind="final", status=s.status, stage=stage, message=s.message, cpu=round(time.process_time(), 3),
-                  **s.extra)
+        report(kind="final", status=s.status, stage=stage, message=s.message, **s.extra)
     except BaseException as e:  # noqa: BLE001 - everything the candidate raises becomes a status
-        chan.send(kind="final", status="runtime_error", stage=stage, message=_format_exc(e),
-                  cpu=round(time.process_time(), 3))
+        report(kind="final", status="runtime_error", stage=stage, message=_format_exc(e))
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)  # skip interpreter teardown: candidate atexit hooks and destructors do not run
