@@ -91,7 +91,7 @@ def sweep(out: Path, log: Path, *, stage: str, tier: str, parallel: int, warm: b
     host = [b - a for a, b in zip(host0, cpu_times())]
     mine = [b - a for a, b in zip(mine0, cpu_times(cores))][:8]       # guest time is inside user time
     part = {"stage": stage, "file": out.name, "gpus": gpus, "cpus": len(cores) if cores else os.cpu_count(),
-            "parallel": parallel, "warm": warm,
+            "parallel": parallel, "warm": warm, "workers": workers_mode() if warm else "cold",
             "steal": round(host[7] / sum(host), 4) if len(host) > 7 and sum(host) > 0 else None,
             "cpu_busy": round(1 - (mine[3] + mine[4]) / sum(mine), 3) if len(mine) > 4 and sum(mine) > 0 else None,
             "gpu_busy": gpu_busy(samples, gpus) if gpus else None,
@@ -181,6 +181,11 @@ def key(r: dict) -> str:
     return f"{r['problem_id']:02d}/{r['dsl']}"
 
 
+def workers_mode() -> str:
+    """How a warm sweep's workers start: forked by a fork server (the default) or exec'd (MKB_FORK_SERVER=0)."""
+    return "exec" if os.environ.get("MKB_FORK_SERVER") == "0" else "forked"
+
+
 def parts(d: Path) -> list[dict]:
     p = d / "parts.jsonl"
     return list(read_jsonl(p)) if p.exists() else []
@@ -195,19 +200,21 @@ def summary(d: Path) -> dict:
         mine = [p for p in ps if p["file"] == f]
         wall = sum(p["wall_s"] for p in mine)
         report["sweeps"].append({
-            "file": f, "gpus": mine[0]["gpus"], "cpus": mine[0].get("cpus"), "parallel": mine[0]["parallel"], "evaluations": len(recs), "wall_s": round(wall, 1),
+            "file": f, "gpus": mine[0]["gpus"], "workers": mine[0].get("workers", "exec"), "cpus": mine[0].get("cpus"), "parallel": mine[0]["parallel"], "evaluations": len(recs), "wall_s": round(wall, 1),
             "calls": len(mine), "complete": not mine[-1]["cut"],
             "per_minute": round(60 * len(recs) / wall, 1) if wall else None,
             "passed": sum(r["status"] in ("ok", "unverified") for r in recs), "stage_means_s": stage_means(recs),
             **_busy(mine)})
-    base = min(report["sweeps"], key=lambda s: s["gpus"] or 0) if report["sweeps"] else None
+    def base_of(s: dict) -> dict:        # scaling: against the fewest GPUs whose workers started the same way
+        return min((b for b in report["sweeps"] if b["workers"] == s["workers"]), key=lambda b: b["gpus"] or 0)
 
     def rate(s: dict) -> float:          # unrounded: 27.3 / 15.2 per minute reads 1.8x, 1.79x measured
         return s["evaluations"] / s["wall_s"] if s["wall_s"] else 0.0
 
     for s in report["sweeps"]:
-        s["scaling"] = round(rate(s) / rate(base), 2) if base and rate(base) else None
-    timeline(d, report["sweeps"], {s["gpus"]: swept[s["file"]] for s in report["sweeps"] if s["calls"] == 1})
+        s["scaling"] = round(rate(s) / rate(base_of(s)), 2) if rate(base_of(s)) else None
+    base = min(report["sweeps"], key=lambda s: (s["workers"] != "forked", s["gpus"] or 0)) if report["sweeps"] else None
+    timeline(d, report["sweeps"], {s["file"]: swept[s["file"]] for s in report["sweeps"] if s["calls"] == 1})
     cold = [p for p in ps if p["stage"] == "cold"]
     if cold and base:
         recs = records(d / "cold.jsonl")
@@ -251,24 +258,28 @@ def _ends(recs: list[dict]) -> list[float]:
     return sorted(t - t0 + total for t, total in starts)
 
 
-def timeline(d: Path, sweeps: list[dict], recs_by_gpus: dict[int, list[dict]]) -> None:
+def label(s: dict) -> str:
+    return f"{s['gpus']} GPU{'s' if (s['gpus'] or 0) > 1 else ''}" + (", exec'd workers" if s.get("workers") == "exec" else "")
+
+
+def timeline(d: Path, sweeps: list[dict], recs_by_file: dict[str, list[dict]]) -> None:
     """When each quarter of a one-call sweep's evaluations had ended (``quarters_s``), and
     timeline.png: evaluations ended against time, one line per GPU count. Where the GPU counts'
     rates part shows where scaling is lost (start-up, the tail, or throughout)."""
     lines = {}
     for s in sweeps:
-        ends = _ends(recs_by_gpus.get(s["gpus"], []))
+        ends = _ends(recs_by_file.get(s["file"], []))
         if len(ends) >= 4:
             s["quarters_s"] = [round(ends[-(-k * len(ends) // 4) - 1], 1) for k in (1, 2, 3, 4)]
-            lines[s["gpus"]] = ends
+            lines[label(s)] = ends
     if not lines:
         return
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(7, 4.2))
     ax = fig.subplots()
-    for g, ends in sorted(lines.items()):
-        ax.step(ends, range(1, len(ends) + 1), where="post", label=f"{g} GPU{'s' if g > 1 else ''}")
+    for name, ends in sorted(lines.items()):
+        ax.step(ends, range(1, len(ends) + 1), where="post", label=name)
     ax.set(xlabel="seconds since the first evaluation started", ylabel="evaluations ended",
            title="Sweep progress (one device call each)")
     ax.legend(fontsize=8)
@@ -304,11 +315,11 @@ def _spread(xs: list[float], load: float | None) -> dict:
 def markdown(report: dict) -> str:
     lines = ["# Sweep benchmark (GPU tier, warm workers; torch.compile times from the cache, the eager reference "
              "timed once per problem in each sweep)", "",
-             "| GPUs | CPU cores | in flight | evaluations | passed | wall s | device calls | per minute | scaling "
+             "| sweep | CPU cores | in flight | evaluations | passed | wall s | device calls | per minute | scaling "
              "| cores busy | GPU busy | parent cores |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for s in report["sweeps"]:
         gpu = ", ".join(f"{x:.0%}" for x in s.get("gpu_busy") or []) or "-"
-        lines.append(f"| {s['gpus']} | {s.get('cpus') or '-'} | {s['parallel']} | {s['evaluations']} | {s['passed']} | {s['wall_s']} | "
+        lines.append(f"| {label(s)} | {s.get('cpus') or '-'} | {s['parallel']} | {s['evaluations']} | {s['passed']} | {s['wall_s']} | "
                      f"{s['calls']}{'' if s['complete'] else ' (cut)'} | {s['per_minute']} | {s['scaling']}x | "
                      f"{_f(s.get('cpu_busy'), '.0%')} | {gpu} | {_f(s.get('parent_cores'), '.2f')}"
                      + (f" (per GPU {', '.join(f'{x:.2f}' for x in s['gpu_process_cores'])})" if s.get("gpu_process_cores") else "")
@@ -320,14 +331,14 @@ def markdown(report: dict) -> str:
     if report["sweeps"]:
         lines += ["", "Mean seconds per evaluation by stage (stages overlap across evaluations in flight; the last two "
                   "are the worker's CPU seconds, all its threads: before its job, and in all):", "",
-                  "| GPUs | " + " | ".join(STAGES) + " |", "|---:|" + "---:|" * len(STAGES)]
+                  "| sweep | " + " | ".join(STAGES) + " |", "|---:|" + "---:|" * len(STAGES)]
         for s in report["sweeps"]:
-            lines.append(f"| {s['gpus']} | " + " | ".join(str(s["stage_means_s"].get(x, "-")) for x in STAGES) + " |")
+            lines.append(f"| {label(s)} | " + " | ".join(str(s["stage_means_s"].get(x, "-")) for x in STAGES) + " |")
     quarters = [s for s in report["sweeps"] if s.get("quarters_s")]
     if quarters:
         lines += ["", "A quarter, half, three quarters and all of the evaluations had ended after (s since the first "
                       "started; `timeline.png`): " + "; ".join(
-                          f"{s['gpus']} GPU{'s' if s['gpus'] > 1 else ''} {', '.join(str(x) for x in s['quarters_s'])}"
+                          f"{label(s)} {', '.join(str(x) for x in s['quarters_s'])}"
                           for s in quarters) + "."]
     if "cold" in report:
         c = report["cold"]
@@ -426,7 +437,7 @@ def main() -> int:
             print(f"deadline reached before stage {stage}", flush=True)
             break
         if stage == "sweep":
-            sweep(d / f"sweep_{args.gpus}gpu.jsonl", log, stage="sweep", tier=args.tier, parallel=args.parallel * args.gpus,
+            sweep(d / f"sweep_{args.gpus}gpu{'_exec' if workers_mode() == 'exec' else ''}.jsonl", log, stage="sweep", tier=args.tier, parallel=args.parallel * args.gpus,
                   warm=True, gpus=args.gpus if args.tier == "gpu" else None, problems=args.problems, deadline=deadline,
                   cpus=args.cpus or None)
         elif stage == "cold":

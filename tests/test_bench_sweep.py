@@ -24,24 +24,27 @@ def _write(path: Path, rows: list[dict]) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
-def _part(stage: str, file: str, gpus: int, wall: float, cut: bool = False) -> dict:
+def _part(stage: str, file: str, gpus: int, wall: float, cut: bool = False, workers: str = "forked") -> dict:
     return {"stage": stage, "file": file, "gpus": gpus, "cpus": 16 * gpus, "parallel": 8 * gpus, "warm": True, "wall_s": wall,
-            "added": 0, "cut": cut}
+            "added": 0, "cut": cut, "workers": workers}
 
 
 def test_summary_adds_up_parts_and_compares_gpu_counts(tmp_path):
     _write(tmp_path / "sweep_1gpu.jsonl", [_rec(i, d, 1.0) for i in range(1, 31) for d in ("cutedsl", "tirx")])
     _write(tmp_path / "sweep_2gpu.jsonl", [_rec(i, d, 1.0) for i in range(1, 31) for d in ("cutedsl", "tirx")]
            + [_rec(31, "tirx", 1.0, "incorrect")])
+    _write(tmp_path / "sweep_1gpu_exec.jsonl", [_rec(i, d, 1.0) for i in range(1, 31) for d in ("cutedsl", "tirx")])
     _write(tmp_path / "cold.jsonl", [_rec(1, "cutedsl", 1.0), _rec(1, "tirx", 1.0)])
     for k, ms in enumerate((1.00, 1.01, 0.99, 1.30)):
         _write(tmp_path / f"stable_{k}.jsonl", [_rec(3, "cutedsl", ms), _rec(3, "tirx", 2.0)])
     _write(tmp_path / "parts.jsonl", [_part("sweep", "sweep_1gpu.jsonl", 1, 50.0, cut=True),
                                        _part("sweep", "sweep_1gpu.jsonl", 1, 70.0),
                                        _part("sweep", "sweep_2gpu.jsonl", 2, 61.0),
+                                       _part("sweep", "sweep_1gpu_exec.jsonl", 1, 240.0, workers="exec"),
                                        _part("cold", "cold.jsonl", 1, 20.0)])
     rep = bench.summary(tmp_path)
-    one, two = sorted(rep["sweeps"], key=lambda s: s["gpus"])
+    one_exec, one, two = sorted(rep["sweeps"], key=lambda s: (s["gpus"], s["workers"]))
+    assert one_exec["scaling"] == 1.0           # scaled against sweeps whose workers started the same way
     assert (one["wall_s"], one["calls"], one["complete"], one["per_minute"]) == (120.0, 2, True, 30.0)
     assert (two["evaluations"], two["passed"], two["per_minute"]) == (61, 60, 60.0)
     assert two["scaling"] == 2.0 and one["scaling"] == 1.0
@@ -53,7 +56,8 @@ def test_summary_adds_up_parts_and_compares_gpu_counts(tmp_path):
     assert st["03/cutedsl"]["device_cv"] == st["03/cutedsl"]["cv"] and st["03/cutedsl"]["device_load_shift"] == 0.3
     assert st["03/cutedsl"]["eager_ms"] == [10.0, 10.1, 9.9] and st["03/cutedsl"]["eager_cv"] == st["03/cutedsl"]["cv"]
     md = (tmp_path / "README.md").read_text()
-    assert "| 1 | 16 | 8 | 60 | 60 | 120.0 | 2 | 30.0 | 1.0x |" in md and "**5.0x**" in md
+    assert "| 1 GPU | 16 | 8 | 60 | 60 | 120.0 | 2 | 30.0 | 1.0x |" in md and "**5.0x**" in md
+    assert "| 1 GPU, exec'd workers | 16 | 8 | 60 | 60 | 240.0 | 1 | 15.0 | 1.0x |" in md
     assert "| 20.000, 20.000, 20.000 | 0.0000 |" in md
     assert "CV ≤ 1% for 2 of 2 event-timed medians and 2 of 2 device times. Under load within 1%: 1 of 2 medians" in md
 

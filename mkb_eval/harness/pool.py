@@ -4,7 +4,9 @@ A worker is spawned with its evaluation folder, sandbox and environment, imports
 DSL toolchains, then blocks reading its job. Taking one hands that process to a single
 evaluation (it is never reused) and spawns its replacement, so the process start and imports
 (15-18 s and as many CPU seconds on the H200 host, results/h200/2026-11-30_bench7) overlap the
-previous evaluation instead of adding to it. A worker taken while still importing gets its
+previous evaluation instead of adding to it. With ``fork`` (the default; ``MKB_FORK_SERVER=0``
+turns it off) the imports are paid once per key: a fork server (``forkserver.py``) forks every
+worker, and exec'd workers are the fallback where it cannot start. A worker taken while still importing gets its
 replacement only once its imports are done: at a sweep's start every worker is taken at once,
 and replacements importing beside them made the first evaluations wait 20 s for their workers
 (results/h200/2026-11-30_bench6). A worker holds no job, seed or candidate code until it is
@@ -13,7 +15,9 @@ taken; an idle one left behind exits when its stdin closes.
 
 from __future__ import annotations
 
+import os
 import shutil
+import sys
 import threading
 from typing import Any
 
@@ -25,9 +29,11 @@ class WarmPool:
     process is started, and no CPU spent preloading, for an evaluation that will never come.
     """
 
-    def __init__(self, per_key: int = 1, limit: int | None = None) -> None:
+    def __init__(self, per_key: int = 1, limit: int | None = None, fork: bool | None = None) -> None:
         self.per_key = max(1, per_key)
         self.limit = limit
+        self.fork = os.environ.get("MKB_FORK_SERVER", "1") != "0" if fork is None else fork
+        self.servers: dict[tuple, Any] = {}
         self._idle: dict[tuple, list[Any]] = {}
         self._lock = threading.Lock()
         self.taken = self.spawned = 0
@@ -48,10 +54,21 @@ class WarmPool:
     def _key(tier: str, gpu: int, limits: Any) -> tuple:
         return tier, gpu if tier == "gpu" else 0, repr(limits.sandbox)
 
-    def _spawn(self, tier: str, gpu: int, limits: Any) -> Any:
-        from mkb_eval.harness.verify import spawn_worker
+    def _spawn(self, key: tuple, tier: str, gpu: int, limits: Any) -> Any:
+        from mkb_eval.harness.verify import spawn_worker, start_fork_server
 
         self.spawned += 1
+        if self.fork and key not in self.servers:
+            self.servers[key] = start_fork_server(tier, gpu, limits)
+        server = self.servers.get(key)
+        if server is not None and not server.broken:
+            try:
+                return spawn_worker(tier, gpu, limits, preload=True, server=server)
+            except RuntimeError:
+                pass
+        if server is not None and not server.warned:
+            server.warned = True
+            print(f"warning: {server.error}; workers are exec'd from now on", file=sys.stderr, flush=True)
         return spawn_worker(tier, gpu, limits, preload=True)
 
     def fill(self, tier: str, gpu: int, limits: Any) -> None:
@@ -61,7 +78,7 @@ class WarmPool:
             idle = self._idle.setdefault(key, [])
             idle[:] = [w for w in idle if w.proc.poll() is None]
             while not self.closed and len(idle) < self.per_key and (self.limit is None or self.spawned < self.limit):
-                idle.append(self._spawn(tier, gpu, limits))
+                idle.append(self._spawn(key, tier, gpu, limits))
 
     def allow(self, n: int = 1) -> None:
         """Start ``n`` more workers than the limit first said: evaluations that will run again
@@ -100,13 +117,19 @@ class WarmPool:
         self.fill(tier, gpu, limits)
 
     def close(self) -> None:
-        """Stop every idle worker and remove its folder."""
+        """Stop every idle worker and remove its folder, then the fork servers."""
         with self._lock:
             self.closed = True
             for idle in self._idle.values():
                 for w in idle:
                     _discard(w)
             self._idle.clear()
+            for server in self.servers.values():
+                if server.started:             # what forking saved: these imports were paid once
+                    print(f"fork server (GPU {server.gpu}): imports took {server.started['import_s']} s, "
+                          f"{server.started['import_cpu_s']} CPU s", file=sys.stderr, flush=True)
+                server.close()
+                shutil.rmtree(server.folder, ignore_errors=True)
 
     def __enter__(self) -> WarmPool:
         return self

@@ -50,6 +50,7 @@ class Sandbox:
     _unshare: Any = None
     _procs: list[str] = field(default_factory=list)
     _ids: tuple[int, int] | None = None
+    spec: dict[str, Any] = field(default_factory=dict)     # what ``enter`` needs, as plain data
 
     @classmethod
     def create(cls, config: SandboxConfig, owned: Path | None = None) -> Sandbox:
@@ -61,6 +62,8 @@ class Sandbox:
         sb._unshare = ctypes.CDLL(None, use_errno=True).unshare
         sb._procs = [str(d / "cgroup.procs") for d in sb.cgroups]
         sb._ids, why = unprivileged_ids(config.run_as)
+        sb.spec = {"procs": sb._procs, "isolate_network": config.isolate_network,
+                   "max_file_bytes": config.max_file_bytes, "ids": list(sb._ids) if sb._ids else None}
         if sb._ids is not None and owned is not None:
             for d in [owned, *owned.rglob("*")]:
                 os.chown(d, *sb._ids)
@@ -121,22 +124,8 @@ class Sandbox:
 
     # -- the child side ----------------------------------------------------------------------
     def preexec(self) -> None:
-        """Runs in the forked child before exec: join the cgroups, leave the network, set rlimits."""
-        pid = str(os.getpid()).encode()
-        for path in self._procs:
-            try:
-                fd = os.open(path, os.O_WRONLY)
-                os.write(fd, pid)
-                os.close(fd)
-            except OSError:
-                pass
-        if self.config.isolate_network and self._unshare(CLONE_NEWNET) != 0:
-            # unprivileged: a user namespace too; if both fail the worker reports a shared network
-            self._unshare(CLONE_NEWUSER | CLONE_NEWNET)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (self.config.max_file_bytes, self.config.max_file_bytes))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        if self._ids is not None:                # last: cgroups and the namespace need root
-            _become(self._ids)
+        """Runs in the forked child before exec (see ``enter``)."""
+        enter(self.spec, self._unshare)
 
     # -- teardown ----------------------------------------------------------------------------
     def kill_all(self) -> None:
@@ -164,6 +153,26 @@ class Sandbox:
                 d.rmdir()
             except OSError:
                 pass
+
+
+def enter(spec: dict[str, Any], unshare: Any) -> None:
+    """Make this (freshly forked) process a sandboxed worker: join the cgroups, leave the network,
+    set rlimits, drop to the worker's user. ``spec`` is ``Sandbox.spec``: a fork server gets it as data."""
+    pid = str(os.getpid()).encode()
+    for path in spec["procs"]:
+        try:
+            fd = os.open(path, os.O_WRONLY)
+            os.write(fd, pid)
+            os.close(fd)
+        except OSError:
+            pass
+    if spec["isolate_network"] and unshare(CLONE_NEWNET) != 0:
+        # unprivileged: a user namespace too; if both fail the worker reports a shared network
+        unshare(CLONE_NEWUSER | CLONE_NEWNET)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (spec["max_file_bytes"], spec["max_file_bytes"]))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    if spec["ids"] is not None:                  # last: cgroups and the namespace need root
+        _become(tuple(spec["ids"]))
 
 
 _PROBED: dict[str, tuple[tuple[int, int] | None, str, Path]] = {}

@@ -30,6 +30,7 @@ from mkb_eval import problems as P
 from mkb_eval.env import describe
 from mkb_eval.harness import cores
 from mkb_eval.harness.channel import read_messages
+from mkb_eval.harness.forkserver import ForkServer
 from mkb_eval.harness.lanes import GpuLane, physical_gpu
 from mkb_eval.harness.policy import check_source
 from mkb_eval.harness.sandbox import (Sandbox, SandboxConfig, code_root, pythonpath_first, repo_root,
@@ -90,10 +91,12 @@ class _Worker:
     the secret seeds, goes through a pipe, never through a file, when ``start`` is called.
     """
 
-    def __init__(self, root: Path, limits: Limits, env_extra: dict[str, str], preload: bool = False) -> None:
+    def __init__(self, root: Path, limits: Limits, env: dict[str, str], preload: bool = False,
+                 server: ForkServer | None = None) -> None:
         self.root = root
         self.limits = limits
         self.preloaded = preload
+        self.forked = server is not None
         self.sentinel = secrets.token_hex(16)
         self.channel = root / "channel"
         self.gate_r, self.gate_w = os.pipe()
@@ -105,20 +108,26 @@ class _Worker:
         self._next_watch = 0.0
         self._channel_seen: tuple[int, int] = (-1, -1)
         self._messages: list[dict[str, Any]] = []
-        work = root / "work"
-        env = _scrubbed_env({
-            "TMPDIR": str(root / "tmp"), "CUTE_DSL_DISABLE_FILE_CACHING": "1", "CUTE_DSL_CACHE_DIR": str(root / "cute_cache"),
-            "XDG_CACHE_HOME": str(root / "cache"), "TVM_HOME": str(root / "tvm"), "HOME": str(root / "home"),
-            "PYTHONDONTWRITEBYTECODE": "1",
-            "PYTHONUNBUFFERED": "1", **({"MKB_WORKER_PRELOAD": str(ready_w)} if preload else {}), **env_extra,
-        }, code_root(limits.sandbox.run_as))
         self.sandbox = Sandbox.create(limits.sandbox, owned=root)
         self.stdout, self.stderr = root / "stdout.txt", root / "stderr.txt"
+        # a forked worker gets its descriptors as fds 0-4 (gate 3, ready pipe 4); an exec'd one keeps ours
+        self.child_gate_fd = 3 if server else self.gate_r
+        if preload:
+            env = {**env, "MKB_WORKER_PRELOAD": "4" if server else str(ready_w)}
         with open(self.stdout, "wb") as so, open(self.stderr, "wb") as se:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "mkb_eval.harness.worker", "-"], cwd=work, env=env,
-                stdin=subprocess.PIPE, stdout=so, stderr=se, start_new_session=True,
-                pass_fds=(self.gate_r,) + ((ready_w,) if preload else ()), preexec_fn=self.sandbox.preexec)
+            if server is not None:
+                stdin_r, stdin_w = os.pipe()
+                try:
+                    self.proc: Any = server.spawn(env, str(root / "work"), self.sandbox.spec,
+                                                  [stdin_r, so.fileno(), se.fileno(), self.gate_r] + [ready_w] * preload,
+                                                  os.fdopen(stdin_w, "wb"))
+                finally:
+                    os.close(stdin_r)
+            else:
+                self.proc = subprocess.Popen(
+                    [sys.executable, "-m", "mkb_eval.harness.worker", "-"], cwd=root / "work", env=env,
+                    stdin=subprocess.PIPE, stdout=so, stderr=se, start_new_session=True,
+                    pass_fds=(self.gate_r,) + ((ready_w,) if preload else ()), preexec_fn=self.sandbox.preexec)
         os.close(self.gate_r)
         if preload:
             os.close(ready_w)
@@ -126,7 +135,7 @@ class _Worker:
     def start(self, job: dict[str, Any]) -> None:
         import json
 
-        job = {**job, "sentinel": self.sentinel, "channel": str(self.channel), "gate_fd": self.gate_r}
+        job = {**job, "sentinel": self.sentinel, "channel": str(self.channel), "gate_fd": self.child_gate_fd}
         assert self.proc.stdin is not None
         try:
             self.proc.stdin.write(json.dumps(job).encode())
@@ -155,6 +164,8 @@ class _Worker:
             return
         self._next_watch = now + 0.25
         cfg = self.limits.sandbox
+        if self.proc.pid is None:              # a forked worker not forked yet
+            return
         rss, n = session_usage(self.proc.pid, max_age=0.2)
         if cfg.memory_bytes and rss > cfg.memory_bytes:
             self.killed_for = f"resident memory {rss / 2**30:.1f} GiB over the cap of {cfg.memory_bytes / 2**30:.1f} GiB"
@@ -210,6 +221,9 @@ class _Worker:
             pass
 
     def kill_group(self) -> None:
+        if self.forked:
+            self.proc.cancel()                 # kills its session, now or once the server has forked it
+            return
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
@@ -226,7 +240,7 @@ class _Worker:
         except subprocess.TimeoutExpired:
             pass
         self.sandbox.cleanup()
-        self.leftover = session_usage(self.proc.pid)[1]
+        self.leftover = session_usage(self.proc.pid)[1] if self.proc.pid else 0
         if self.leftover:                      # a child outlived the group kill: try once more
             self.kill_group()
         with self._ready_lock:
@@ -241,7 +255,8 @@ class _Worker:
     def facts(self) -> dict[str, str]:
         net = [m.get("network") for m in self.messages() if m.get("stage") == "setup"]
         return {**self.sandbox.facts, "network": net[-1] if net else "unknown (worker never started)",
-                "worker": "warm (started ahead, toolchains preloaded)" if self.preloaded else "cold",
+                "worker": ("warm (forked from a server with the toolchains imported)" if self.forked else
+                           "warm (started ahead, toolchains preloaded)" if self.preloaded else "cold"),
                 "leftover_processes": str(getattr(self, "leftover", 0))}
 
     def death(self) -> str:
@@ -523,14 +538,39 @@ def redact_paths(text: str, root: Path | None = None) -> str:
     return _EVAL.sub(lambda m: "" if m.group(1) else "<eval>", text)
 
 
-def spawn_worker(tier: str, gpu: int, limits: Limits, preload: bool = False) -> _Worker:
-    """A fresh worker process in a fresh evaluation folder, waiting for its job."""
-    root = Path(tempfile.mkdtemp(prefix="mkb-eval-"))
+def _eval_folder(prefix: str = "mkb-eval-") -> Path:
+    root = Path(tempfile.mkdtemp(prefix=prefix))
     for sub in ("work", "tmp", "out", "dump", "cache", "cute_cache", "tvm", "home"):
         (root / sub).mkdir()
-    env = ({"CUTE_DSL_ARCH": "sm_90a", "CUTE_DSL_KEEP": "ptx,cubin", "CUTE_DSL_DUMP_DIR": str(root / "dump"),
-            "CUDA_VISIBLE_DEVICES": ""} if tier == "cpu" else {"CUDA_VISIBLE_DEVICES": physical_gpu(gpu)})
-    return _Worker(root, limits, env, preload)
+    return root
+
+
+def _worker_env(tier: str, gpu: int, root: Path, limits: Limits) -> dict[str, str]:
+    """A worker's environment: scrubbed of secrets, its caches and temp files in its folder."""
+    tier_env = ({"CUTE_DSL_ARCH": "sm_90a", "CUTE_DSL_KEEP": "ptx,cubin", "CUTE_DSL_DUMP_DIR": str(root / "dump"),
+                 "CUDA_VISIBLE_DEVICES": ""} if tier == "cpu" else {"CUDA_VISIBLE_DEVICES": physical_gpu(gpu)})
+    return _scrubbed_env({
+        "TMPDIR": str(root / "tmp"), "CUTE_DSL_DISABLE_FILE_CACHING": "1", "CUTE_DSL_CACHE_DIR": str(root / "cute_cache"),
+        "XDG_CACHE_HOME": str(root / "cache"), "TVM_HOME": str(root / "tvm"), "HOME": str(root / "home"),
+        "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1", **tier_env,
+    }, code_root(limits.sandbox.run_as))
+
+
+def spawn_worker(tier: str, gpu: int, limits: Limits, preload: bool = False,
+                 server: ForkServer | None = None) -> _Worker:
+    """A fresh worker process in a fresh evaluation folder, waiting for its job: exec'd, or forked by
+    ``server`` (started by ``start_fork_server`` for the same tier, GPU and limits)."""
+    root = _eval_folder()
+    return _Worker(root, limits, _worker_env(tier, gpu, root, limits), preload, server)
+
+
+def start_fork_server(tier: str, gpu: int, limits: Limits) -> ForkServer:
+    """A fork server whose workers get what ``spawn_worker`` gives them (it imports in the background).
+    CuTe DSL fixes its dump folder on import: a relative one lands in each worker's own folder."""
+    folder = _eval_folder("mkb-forkserver-")
+    server = ForkServer({**_worker_env(tier, gpu, folder, limits), "CUTE_DSL_DUMP_DIR": "../dump"}, folder)
+    server.gpu = _host_gpu(gpu) if tier == "gpu" else "-"
+    return server
 
 
 class _Held:

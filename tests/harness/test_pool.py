@@ -4,6 +4,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from mkb_eval import problems as P
 from mkb_eval.harness.pool import WarmPool
 from mkb_eval.harness.verify import Limits, spawn_worker, verify
@@ -15,20 +17,38 @@ def _stable(rec: dict) -> dict:
     return {k: v for k, v in rec.items() if k not in VOLATILE}
 
 
-def test_warm_worker_gives_the_record_a_cold_one_gives():
+@pytest.mark.parametrize("fork", [False, True], ids=["exec", "forked"])
+def test_warm_worker_gives_the_record_a_cold_one_gives(fork):
     p36 = P.find(36)
-    with WarmPool() as pool:
+    with WarmPool(fork=fork) as pool:
         pool.fill("cpu", 0, Limits())
         warm = verify(p36, "tirx", p36.solution_path("tirx"), tier="cpu", pool=pool).to_dict()
         assert pool.taken == 1 and pool.spawned == 2          # the taken worker was replaced (once it had imported)
+        assert bool(pool.servers) == fork
     cold = verify(p36, "tirx", p36.solution_path("tirx"), tier="cpu").to_dict()
     assert warm["status"] == cold["status"] == "unverified", warm["message"]
     assert warm["sandbox"]["worker"].startswith("warm") and cold["sandbox"]["worker"] == "cold"
+    assert ("forked" in warm["sandbox"]["worker"]) == fork
     for rec in (warm, cold):                                   # the worker's own CPU seconds, all its threads
         assert 0 < rec["stages_s"]["worker_cpu_before_job_s"] < rec["stages_s"]["worker_cpu_s"]
-    # a warm worker imported torch and the toolchains before its job; a cold one during it
-    assert warm["stages_s"]["worker_cpu_before_job_s"] > 2 * cold["stages_s"]["worker_cpu_before_job_s"]
+    if fork:     # the server imported torch and the toolchains once; its child pays for neither
+        assert warm["stages_s"]["worker_cpu_s"] < cold["stages_s"]["worker_cpu_s"] / 2
+    else:        # a warm worker imported them before its job; a cold one during it
+        assert warm["stages_s"]["worker_cpu_before_job_s"] > 2 * cold["stages_s"]["worker_cpu_before_job_s"]
     assert _stable(warm) == _stable(cold)
+
+
+def test_a_forked_cute_worker_dumps_its_artifacts_into_its_own_folder():
+    """CuTe DSL fixes its dump folder when the server imports it; each worker must still find its
+    own cubin (the CPU tier's proof of compilation) in its own folder, not in another's."""
+    p1 = P.find(1)
+    with WarmPool(fork=True) as pool:
+        pool.fill("cpu", 0, Limits())
+        recs = [verify(p1, "cutedsl", p1.solution_path("cutedsl"), tier="cpu", pool=pool).to_dict() for _ in range(2)]
+    for rec in recs:            # the record says how many cubins the worker found in its own dump folder
+        assert rec["status"] == "unverified" and "forked" in rec["sandbox"]["worker"], rec["message"]
+        assert rec["artifacts"]["cubins"] >= 1
+    assert recs[0]["artifacts"] == recs[1]["artifacts"]        # the second found none of the first's
 
 
 def test_pool_close_stops_idle_workers_and_removes_their_folders():

@@ -1,0 +1,90 @@
+"""The fork server: its workers hold only their own descriptors, exits are reported, none is left
+behind, and a server that cannot start costs only the warm start."""
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+from mkb_eval.harness import verify as V
+from mkb_eval.harness.forkserver import ForkServer
+from mkb_eval.harness.pool import WarmPool
+from mkb_eval.harness.verify import Limits, spawn_worker, start_fork_server
+
+
+def _until(cond, timeout: float = 60.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not cond() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return cond()
+
+
+def _children(pid: int) -> set[int]:
+    kids: set[int] = set()
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        kids |= {int(x) for x in Path(f"/proc/{pid}/task/{tid}/children").read_text().split()}
+    return kids
+
+
+def test_a_forked_worker_holds_only_its_own_descriptors_and_reports_its_exit():
+    server = start_fork_server("cpu", 0, Limits())
+    try:
+        w = spawn_worker("cpu", 0, Limits(), preload=True, server=server)
+        assert w.wait_preloaded(120) and w.proc.pid is not None
+        pid = w.proc.pid
+        # stdin, stdout, stderr, the lane gate: never the server's socket (a root process that forks)
+        assert _until(lambda: sorted(int(fd) for fd in os.listdir(f"/proc/{pid}/fd")) == [0, 1, 2, 3], 10)
+        assert os.getsid(pid) == pid                              # its own session: the group kill reaches it all
+        assert os.readlink(f"/proc/{pid}/cwd") == str(w.root / "work")
+        if w.sandbox.spec["isolate_network"]:
+            netns = os.readlink(f"/proc/{pid}/ns/net")
+            assert netns != os.readlink("/proc/self/ns/net") or w.facts()["network"] != "isolated"
+        assert pid in _children(server.proc.pid)
+        w.proc.stdin.close()                                      # no job: it exits cleanly, the server says so
+        assert w.proc.wait(timeout=30) == 0
+        w.kill()
+        hung = spawn_worker("cpu", 0, Limits(), preload=True, server=server)
+        assert hung.wait_preloaded(30)
+        hung.kill_group()
+        assert hung.proc.wait(timeout=30) == -9
+        hung.kill()
+    finally:
+        server.close()
+        shutil.rmtree(server.folder, ignore_errors=True)
+
+
+def test_a_worker_killed_before_the_server_forked_it_is_never_left_running():
+    server = start_fork_server("cpu", 0, Limits())
+    try:
+        w = spawn_worker("cpu", 0, Limits(), preload=True, server=server)
+        assert w.proc.pid is None                                 # the server is still importing
+        w.kill()
+        assert w.proc.poll() is not None or w.proc.cancelled
+        assert server.ready.wait(120) and not server.broken
+        assert _until(lambda: w.proc.poll() is not None)          # forked, then gone at once
+        assert _until(lambda: not _children(server.proc.pid))
+        shutil.rmtree(w.root, ignore_errors=True)
+    finally:
+        server.close()
+        shutil.rmtree(server.folder, ignore_errors=True)
+
+
+def test_a_pool_whose_fork_server_cannot_start_falls_back_to_exec_workers(monkeypatch, tmp_path):
+    def dead_server(tier, gpu, limits):
+        (tmp_path / "work").mkdir(exist_ok=True)
+        return ForkServer({"PYTHONHOME": str(tmp_path / "no-python-here")}, tmp_path)
+
+    monkeypatch.setattr(V, "start_fork_server", dead_server)
+    with WarmPool(fork=True) as pool:
+        pool.fill("cpu", 0, Limits())
+        (server,) = pool.servers.values()
+        assert _until(lambda: server.broken)
+        w = None
+        for _ in range(3):                                        # the one asked of the dead server is gone
+            w = pool.take("cpu", 0, Limits())
+            if w is not None:
+                break
+        assert w is not None and not w.forked and w.proc.poll() is None
+        assert w.wait_preloaded(120)
+        w.kill()
+        shutil.rmtree(w.root, ignore_errors=True)
