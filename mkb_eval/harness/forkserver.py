@@ -5,6 +5,9 @@ an evaluation's CPU (results/h200/2026-11-30_bench7). The server imports them on
 CUDA, and forks a worker on request. The child enters its sandbox (``sandbox.enter``), takes its
 pipes and files, environment and folder, and runs the same ``worker.main`` an exec'd worker runs;
 CUDA is first initialised there, so every evaluation still has its own process and CUDA context.
+TVM's FFI asks ``torch.cuda.is_available()`` when imported, which initialises CUDA; the server's
+environment has torch answer it through NVML instead (``PYTORCH_NVML_BASED_CUDA_CHECK``), and a
+server that finds the driver initialised all the same refuses to fork.
 
 The server runs only this checkout's code, holds no job, seed or candidate code, and is reached
 only through a socket pair its parent holds: a child closes every descriptor but its own five
@@ -51,18 +54,17 @@ def _recv(sock: socket.socket) -> tuple[dict[str, Any] | None, list[int]]:
 
 
 # -- the server -------------------------------------------------------------------------------
-def _cuda_opened() -> list[str]:
-    """The GPU device files this process holds open (CUDA initialised): a fork would inherit a
-    context it cannot use, so the server refuses to start."""
-    held = []
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith("/dev/nvidia"):
-            held.append(target)
-    return held
+def _cuda_initialised() -> bool:
+    """Whether the CUDA driver was initialised here: a forked child could not use it. The driver's
+    device count answers CUDA_ERROR_NOT_INITIALIZED (3) until ``cuInit``, and initialises nothing."""
+    import ctypes
+
+    try:
+        driver = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False                   # no driver on this machine
+    n = ctypes.c_int()
+    return driver.cuDeviceGetCount(ctypes.byref(n)) != 3
 
 
 def serve(fd: int) -> None:
@@ -76,10 +78,8 @@ def serve(fd: int) -> None:
     worker._preload()
     import torch
 
-    held = _cuda_opened()
-    if held or torch.cuda.is_initialized():
-        _send(sock, {"error": f"CUDA was initialised while importing ({', '.join(held) or 'torch'}); "
-                              "forked workers could not use the GPU"})
+    if torch.cuda.is_initialized() or _cuda_initialised():
+        _send(sock, {"error": "CUDA was initialised while importing; forked workers could not use the GPU"})
         return
     unshare = ctypes.CDLL(None, use_errno=True).unshare
     gc.collect()

@@ -568,7 +568,8 @@ def start_fork_server(tier: str, gpu: int, limits: Limits) -> ForkServer:
     """A fork server whose workers get what ``spawn_worker`` gives them (it imports in the background).
     CuTe DSL fixes its dump folder on import: a relative one lands in each worker's own folder."""
     folder = _eval_folder("mkb-forkserver-")
-    server = ForkServer({**_worker_env(tier, gpu, folder, limits), "CUTE_DSL_DUMP_DIR": "../dump"}, folder)
+    server = ForkServer({**_worker_env(tier, gpu, folder, limits), "CUTE_DSL_DUMP_DIR": "../dump",
+                         "PYTORCH_NVML_BASED_CUDA_CHECK": "1"}, folder)
     server.gpu = _host_gpu(gpu) if tier == "gpu" else "-"
     return server
 
