@@ -8,6 +8,7 @@ and whether any stored record was lost. ``mkb safety`` prints it; tests run the 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import tempfile
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from mkb_eval import problems as P
+from mkb_eval.harness.pool import WarmPool
 from mkb_eval.harness.sandbox import SandboxConfig
 from mkb_eval.harness.verify import Limits, verify
 from mkb_eval.records import StoreError, append_jsonl, read_jsonl, repair_jsonl
@@ -144,8 +146,9 @@ class _Listener:
         self.sock.close()
 
 
-def run_fault(fault: Fault, tier: str, folder: Path) -> Row:
-    """Inject one fault, then run the healthy solution; report what happened."""
+def run_fault(fault: Fault, tier: str, folder: Path, pool: WarmPool | None = None) -> Row:
+    """Inject one fault, then run the healthy solution; report what happened. With ``pool`` both
+    take their workers from it (forked by its fork server, as a sweep's are)."""
     p28 = P.find(28)
     cfg = SandboxConfig(**{k: v for k, v in fault.limits.items() if k != "timeout"})
     t = float(fault.limits.get("timeout", 120))
@@ -153,7 +156,9 @@ def run_fault(fault: Fault, tier: str, folder: Path) -> Row:
     listener = _Listener()
     try:
         kernel = fault_kernel(fault, folder, listener.port)
-        rec = verify(p28, "cutedsl", kernel, tier=tier, limits=limits, compile_baseline=False)
+        if pool is not None:
+            pool.fill(tier, 0, limits)
+        rec = verify(p28, "cutedsl", kernel, tier=tier, limits=limits, compile_baseline=False, pool=pool)
     finally:
         listener.close()
     left = int(rec.sandbox.get("leftover_processes", "0"))
@@ -161,7 +166,9 @@ def run_fault(fault: Fault, tier: str, folder: Path) -> Row:
     mentions = fault.must_mention.lower() in (rec.message or "").lower()
     reached = listener.accepted
     survived = ok_status and mentions and left == 0 and reached == 0
-    healthy = verify(p28, "cutedsl", p28.solution_path("cutedsl"), tier=tier, compile_baseline=False)
+    if pool is not None:
+        pool.fill(tier, 0, Limits())
+    healthy = verify(p28, "cutedsl", p28.solution_path("cutedsl"), tier=tier, compile_baseline=False, pool=pool)
     note = (rec.message or "").strip().splitlines()[-1][:160] if rec.message else ""
     if reached:
         note = f"server reached {reached} time(s); " + note
@@ -230,17 +237,20 @@ def table(rows: list[Row], store: list[StoreRow]) -> str:
     return "\n".join(out) + "\n"
 
 
-def run_all(tier: str, progress: Callable[[str], None] = print, only: set[str] | None = None) -> str:
-    """Every fault of the tier (or just those named in ``only``), then the store faults."""
+def run_all(tier: str, progress: Callable[[str], None] = print, only: set[str] | None = None,
+            forked: bool = False) -> str:
+    """Every fault of the tier (or just those named in ``only``), then the store faults; ``forked``:
+    in workers forked by a fork server (a sweep's), not exec'd ones."""
     unknown = (only or set()) - {f.name for f in FAULTS}
     if unknown:
         raise ValueError(f"unknown fault(s) {sorted(unknown)}; known: {[f.name for f in FAULTS]}")
-    with tempfile.TemporaryDirectory(prefix="mkb-faults-") as d:
+    with tempfile.TemporaryDirectory(prefix="mkb-faults-") as d, \
+            (WarmPool(fork=True) if forked else contextlib.nullcontext()) as pool:
         rows = []
         for f in FAULTS:
             if (f.tier == "gpu" and tier != "gpu") or (only and f.name not in only):
                 continue
             progress(f"fault: {f.name}")
-            rows.append(run_fault(f, tier, Path(d)))
+            rows.append(run_fault(f, tier, Path(d), pool))
         text = table(rows, store_faults(Path(d)))
         return text.replace(d, "<tmp>")          # no machine paths in the published table

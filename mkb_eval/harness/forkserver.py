@@ -170,6 +170,13 @@ class ForkedProc:
         self.returncode: int | None = None
         self.cancelled = False
         self._done = threading.Event()
+        self._settled = threading.Event()              # forked, or never will be
+
+    def wait_forked(self, timeout: float) -> bool:
+        """Whether the server forked it, waiting up to ``timeout`` s (the server may still be importing);
+        False once the server ended or refused without forking it."""
+        self._settled.wait(timeout)
+        return self.pid is not None
 
     def poll(self) -> int | None:
         return self.returncode
@@ -194,6 +201,7 @@ class ForkedProc:
     def _exited(self, rc: int) -> None:
         self.returncode = rc
         self._done.set()
+        self._settled.set()
 
 
 def _killpg(pid: int) -> None:
@@ -279,6 +287,7 @@ class ForkServer:
                     with self._lock:
                         self._live[msg["pid"]] = proc
                     proc.pid = msg["pid"]
+                    proc._settled.set()
                     if proc.cancelled:
                         _killpg(proc.pid)
                 else:

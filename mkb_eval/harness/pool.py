@@ -96,15 +96,22 @@ class WarmPool:
     def take(self, tier: str, gpu: int, limits: Any) -> Any | None:
         """A live started worker for this evaluation (or None), replaced at once by a new one."""
         key = self._key(tier, gpu, limits)
-        with self._lock:
-            idle = self._idle.setdefault(key, [])
-            w = None
-            while idle and w is None:
+        w = None
+        while w is None:
+            with self._lock:
+                idle = self._idle.setdefault(key, [])
+                if not idle:
+                    break
                 cand = idle.pop(0)
-                if cand.proc.poll() is None:
-                    w = cand
-                else:
-                    _discard(cand)
+            if cand.lost_by_server(self.import_timeout_s):       # waits while its server imports
+                _discard(cand)
+                self.allow(1)                  # its replacement is exec'd (the server is broken)
+                self.fill(tier, gpu, limits)
+            elif cand.proc.poll() is None:
+                w = cand
+            else:
+                _discard(cand)
+        with self._lock:
             self.taken += w is not None
         if w is None or w.wait_preloaded(0):
             self.fill(tier, gpu, limits)

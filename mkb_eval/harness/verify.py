@@ -143,6 +143,11 @@ class _Worker:
         except BrokenPipeError:
             pass
 
+    def lost_by_server(self, timeout: float) -> bool:
+        """A forked worker whose server ended or refused (CUDA initialised) before forking it, waiting up
+        to ``timeout`` s for the server to decide: its evaluation needs another worker, not a crash."""
+        return self.forked and not self.proc.wait_forked(timeout)
+
     def wait_preloaded(self, timeout: float) -> bool:
         """Whether a warm worker's imports are done (or it ended), waiting up to ``timeout`` s for it."""
         deadline = time.monotonic() + timeout

@@ -3,6 +3,7 @@
 import pytest
 
 from mkb_eval.harness import faults as F
+from mkb_eval.harness.pool import WarmPool
 
 CPU_FAULTS = [f for f in F.FAULTS if f.tier == "any"]
 
@@ -10,6 +11,23 @@ CPU_FAULTS = [f for f in F.FAULTS if f.tier == "any"]
 @pytest.mark.parametrize("fault", CPU_FAULTS, ids=[f.name for f in CPU_FAULTS])
 def test_fault_survived(fault, tmp_path):
     row = F.run_fault(fault, "cpu", tmp_path)
+    assert row.status in fault.expect, row
+    assert row.survived, row
+    assert row.leftovers == 0 and row.next_ok, row
+
+
+@pytest.fixture(scope="module")
+def forked_pool():
+    with WarmPool(fork=True) as pool:
+        yield pool
+
+
+@pytest.mark.parametrize("fault", CPU_FAULTS, ids=[f.name for f in CPU_FAULTS])
+def test_fault_survived_by_a_forked_worker(fault, tmp_path, forked_pool):
+    """A sweep's workers are forked by a server that runs as the sweep's user: the same caps hold."""
+    taken = forked_pool.taken
+    row = F.run_fault(fault, "cpu", tmp_path, forked_pool)
+    assert forked_pool.taken == taken + 2 and forked_pool.servers        # the fault's and the healthy one's
     assert row.status in fault.expect, row
     assert row.survived, row
     assert row.leftovers == 0 and row.next_ok, row

@@ -6,10 +6,11 @@ import shutil
 import time
 from pathlib import Path
 
+from mkb_eval import problems as P
 from mkb_eval.harness import verify as V
 from mkb_eval.harness.forkserver import ForkServer
 from mkb_eval.harness.pool import WarmPool
-from mkb_eval.harness.verify import Limits, spawn_worker, start_fork_server
+from mkb_eval.harness.verify import Limits, spawn_worker, start_fork_server, verify
 
 
 def _until(cond, timeout: float = 60.0) -> bool:
@@ -88,3 +89,39 @@ def test_a_pool_whose_fork_server_cannot_start_falls_back_to_exec_workers(monkey
         assert w.wait_preloaded(120)
         w.kill()
         shutil.rmtree(w.root, ignore_errors=True)
+
+
+REFUSING = """
+import json, socket, sys, time
+time.sleep(1.0)                  # importing, while the pool's requests queue up
+sock = socket.socket(fileno=int(sys.argv[1]))
+sock.sendmsg([json.dumps({"error": "CUDA was initialised while importing"}).encode()])
+"""
+
+
+def test_workers_asked_of_a_server_that_refuses_are_replaced_not_crashed(monkeypatch, tmp_path):
+    """On a GPU host a toolchain's import once initialised CUDA: the server refused to fork, and the
+    evaluations it owed workers were recorded as crashed. They must get exec'd workers instead."""
+    fake = tmp_path / "fake" / "mkb_eval" / "harness"
+    fake.mkdir(parents=True)
+    for d in (fake.parent, fake):
+        (d / "__init__.py").write_text("")
+    (fake / "forkserver.py").write_text(REFUSING)
+    real = V.start_fork_server
+
+    def refusing(tier, gpu, limits):
+        server = real(tier, gpu, limits)                 # the real one, stopped: only its folder is used
+        server.close()
+        env = {**os.environ, "PYTHONPATH": str(tmp_path / "fake")}
+        return ForkServer(env, server.folder)
+
+    monkeypatch.setattr(V, "start_fork_server", refusing)
+    p36 = P.find(36)
+    with WarmPool(per_key=2, fork=True) as pool:
+        pool.fill("cpu", 0, Limits())
+        (server,) = pool.servers.values()
+        assert not server.broken                         # requests sent while it "imports"
+        rec = verify(p36, "tirx", p36.solution_path("tirx"), tier="cpu", pool=pool).to_dict()
+        assert server.broken and "CUDA" in server.error
+    assert rec["status"] == "unverified", rec["message"]
+    assert rec["sandbox"]["worker"] == "warm (started ahead, toolchains preloaded)"

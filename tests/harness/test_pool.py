@@ -122,6 +122,10 @@ def _counting_pool(monkeypatch, imported: threading.Event | None = None, **kw) -
         root = Path("never-created")
 
         @staticmethod
+        def lost_by_server(timeout):
+            return False
+
+        @staticmethod
         def kill():
             pass
 
