@@ -259,7 +259,7 @@ def _ends(recs: list[dict]) -> list[float]:
 
 
 def label(s: dict) -> str:
-    return f"{s['gpus']} GPU{'s' if (s['gpus'] or 0) > 1 else ''}" + (", exec'd workers" if s.get("workers") == "exec" else "")
+    return f"{s['gpus']} GPU{'s' if (s['gpus'] or 0) > 1 else ''}, " + ("forked" if s.get("workers") == "forked" else "exec'd") + " workers"
 
 
 def timeline(d: Path, sweeps: list[dict], recs_by_file: dict[str, list[dict]]) -> None:

@@ -56,7 +56,7 @@ def test_summary_adds_up_parts_and_compares_gpu_counts(tmp_path):
     assert st["03/cutedsl"]["device_cv"] == st["03/cutedsl"]["cv"] and st["03/cutedsl"]["device_load_shift"] == 0.3
     assert st["03/cutedsl"]["eager_ms"] == [10.0, 10.1, 9.9] and st["03/cutedsl"]["eager_cv"] == st["03/cutedsl"]["cv"]
     md = (tmp_path / "README.md").read_text()
-    assert "| 1 GPU | 16 | 8 | 60 | 60 | 120.0 | 2 | 30.0 | 1.0x |" in md and "**5.0x**" in md
+    assert "| 1 GPU, forked workers | 16 | 8 | 60 | 60 | 120.0 | 2 | 30.0 | 1.0x |" in md and "**5.0x**" in md
     assert "| 1 GPU, exec'd workers | 16 | 8 | 60 | 60 | 240.0 | 1 | 15.0 | 1.0x |" in md
     assert "| 20.000, 20.000, 20.000 | 0.0000 |" in md
     assert "CV ≤ 1% for 2 of 2 event-timed medians and 2 of 2 device times. Under load within 1%: 1 of 2 medians" in md
@@ -135,4 +135,4 @@ def test_quarters_and_timeline_come_from_start_times_and_totals(tmp_path):
     (one,) = bench.summary(tmp_path)["sweeps"]
     assert one["quarters_s"] == [11.0, 13.0, 15.0, 17.0]
     assert (tmp_path / "timeline.png").stat().st_size > 0
-    assert "1 GPU 11.0, 13.0, 15.0, 17.0." in (tmp_path / "README.md").read_text()
+    assert "1 GPU, forked workers 11.0, 13.0, 15.0, 17.0." in (tmp_path / "README.md").read_text()
