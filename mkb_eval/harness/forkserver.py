@@ -261,9 +261,17 @@ class ForkServer:
         return proc
 
     def _read(self) -> None:
+        resets = 0
         while True:
             try:
                 msg, fds = _recv(self.sock)
+            except ConnectionResetError:
+                # a server that ends with requests unread resets the pair, possibly before what it
+                # sent last (why it refused) was read; the error is reported once, the messages stay
+                resets += 1
+                if resets < 3:
+                    continue
+                msg, fds = None, []
             except (OSError, ValueError):
                 msg, fds = None, []
             for f in fds:

@@ -96,7 +96,7 @@ class _Worker:
         self.root = root
         self.limits = limits
         self.preloaded = preload
-        self.forked = server is not None
+        self.server, self.forked = server, server is not None
         self.sentinel = secrets.token_hex(16)
         self.channel = root / "channel"
         self.gate_r, self.gate_w = os.pipe()
@@ -117,10 +117,18 @@ class _Worker:
         with open(self.stdout, "wb") as so, open(self.stderr, "wb") as se:
             if server is not None:
                 stdin_r, stdin_w = os.pipe()
+                stdin = open(stdin_w, "wb")
                 try:
                     self.proc: Any = server.spawn(env, str(root / "work"), self.sandbox.spec,
                                                   [stdin_r, so.fileno(), se.fileno(), self.gate_r] + [ready_w] * preload,
-                                                  os.fdopen(stdin_w, "wb"))
+                                                  stdin)
+                except RuntimeError:           # the server ended: nothing of this worker may stay open
+                    stdin.close()
+                    for fd in (self.gate_r, self.gate_w, ready_w, self._ready_r):
+                        if fd is not None and fd >= 0:
+                            os.close(fd)
+                    self.sandbox.cleanup()
+                    raise
                 finally:
                     os.close(stdin_r)
             else:
@@ -146,7 +154,11 @@ class _Worker:
     def lost_by_server(self, timeout: float) -> bool:
         """A forked worker whose server ended or refused (CUDA initialised) before forking it, waiting up
         to ``timeout`` s for the server to decide: its evaluation needs another worker, not a crash."""
-        return self.forked and not self.proc.wait_forked(timeout)
+        if not self.forked or self.proc.wait_forked(timeout):
+            return False
+        if self.server.error is None:          # hung: its later workers are exec'd too
+            self.server.error = f"fork server: no worker forked within {timeout:.0f} s"
+        return True
 
     def wait_preloaded(self, timeout: float) -> bool:
         """Whether a warm worker's imports are done (or it ended), waiting up to ``timeout`` s for it."""
@@ -566,7 +578,11 @@ def spawn_worker(tier: str, gpu: int, limits: Limits, preload: bool = False,
     """A fresh worker process in a fresh evaluation folder, waiting for its job: exec'd, or forked by
     ``server`` (started by ``start_fork_server`` for the same tier, GPU and limits)."""
     root = _eval_folder()
-    return _Worker(root, limits, _worker_env(tier, gpu, root, limits), preload, server)
+    try:
+        return _Worker(root, limits, _worker_env(tier, gpu, root, limits), preload, server)
+    except RuntimeError:
+        shutil.rmtree(root, ignore_errors=True)
+        raise
 
 
 def start_fork_server(tier: str, gpu: int, limits: Limits) -> ForkServer:

@@ -3,8 +3,11 @@ behind, and a server that cannot start costs only the warm start."""
 
 import os
 import shutil
+import tempfile
 import time
 from pathlib import Path
+
+import pytest
 
 from mkb_eval import problems as P
 from mkb_eval.harness import verify as V
@@ -102,26 +105,57 @@ sock.sendmsg([json.dumps({"error": "CUDA was initialised while importing"}).enco
 def test_workers_asked_of_a_server_that_refuses_are_replaced_not_crashed(monkeypatch, tmp_path):
     """On a GPU host a toolchain's import once initialised CUDA: the server refused to fork, and the
     evaluations it owed workers were recorded as crashed. They must get exec'd workers instead."""
-    fake = tmp_path / "fake" / "mkb_eval" / "harness"
-    fake.mkdir(parents=True)
-    for d in (fake.parent, fake):
-        (d / "__init__.py").write_text("")
-    (fake / "forkserver.py").write_text(REFUSING)
-    real = V.start_fork_server
-
-    def refusing(tier, gpu, limits):
-        server = real(tier, gpu, limits)                 # the real one, stopped: only its folder is used
-        server.close()
-        env = {**os.environ, "PYTHONPATH": str(tmp_path / "fake")}
-        return ForkServer(env, server.folder)
-
-    monkeypatch.setattr(V, "start_fork_server", refusing)
+    monkeypatch.setattr(V, "start_fork_server", _fake_server(tmp_path, REFUSING))
     p36 = P.find(36)
     with WarmPool(per_key=2, fork=True) as pool:
         pool.fill("cpu", 0, Limits())
         (server,) = pool.servers.values()
         assert not server.broken                         # requests sent while it "imports"
         rec = verify(p36, "tirx", p36.solution_path("tirx"), tier="cpu", pool=pool).to_dict()
-        assert server.broken and "CUDA" in server.error
+        log = (server.folder / "server.log").read_text()
+        assert server.broken and "CUDA" in server.error, log
     assert rec["status"] == "unverified", rec["message"]
     assert rec["sandbox"]["worker"] == "warm (started ahead, toolchains preloaded)"
+
+
+def _fake_server(tmp_path: Path, code: str):
+    """start_fork_server's stand-in: a server process running ``code`` (with the real one's folder)."""
+    fake = tmp_path / "fake" / "mkb_eval" / "harness"
+    fake.mkdir(parents=True)
+    for d in (fake.parent, fake):
+        (d / "__init__.py").write_text("")
+    (fake / "forkserver.py").write_text(code)
+    real = V.start_fork_server
+
+    def start(tier, gpu, limits):
+        server = real(tier, gpu, limits)
+        server.close()
+        return ForkServer({**os.environ, "PYTHONPATH": str(tmp_path / "fake")}, server.folder)
+
+    return start
+
+
+def test_a_hung_server_costs_one_wait_then_workers_are_execd(monkeypatch, tmp_path):
+    monkeypatch.setattr(V, "start_fork_server", _fake_server(tmp_path, "import time\ntime.sleep(600)\n"))
+    with WarmPool(fork=True) as pool:
+        pool.import_timeout_s = 1.0
+        pool.fill("cpu", 0, Limits())
+        w = pool.take("cpu", 0, Limits())
+        (server,) = pool.servers.values()
+        assert w is not None and not w.forked and "within 1 s" in server.error
+        assert w.wait_preloaded(120)
+        w.kill()
+        shutil.rmtree(w.root, ignore_errors=True)
+
+
+def test_asking_an_ended_server_leaves_nothing_open(tmp_path):
+    (tmp_path / "work").mkdir()
+    server = ForkServer({"PYTHONHOME": str(tmp_path / "no-python-here")}, tmp_path)
+    assert _until(lambda: server.broken)
+    fds = set(os.listdir("/proc/self/fd"))
+    tmp = Path(tempfile.gettempdir())
+    folders = set(tmp.glob("mkb-eval-*"))
+    with pytest.raises(RuntimeError, match="fork server"):
+        spawn_worker("cpu", 0, Limits(), preload=True, server=server)
+    assert set(os.listdir("/proc/self/fd")) == fds and set(tmp.glob("mkb-eval-*")) == folders
+    server.close()
