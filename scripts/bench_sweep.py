@@ -24,6 +24,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -204,6 +205,7 @@ def summary(d: Path) -> dict:
             "calls": len(mine), "complete": not mine[-1]["cut"],
             "per_minute": round(60 * len(recs) / wall, 1) if wall else None,
             "passed": sum(r["status"] in ("ok", "unverified") for r in recs), "stage_means_s": stage_means(recs),
+            "worker_kinds": dict(Counter(r.get("sandbox", {}).get("worker", "?") for r in recs)),
             **_busy(mine)})
     def base_of(s: dict) -> dict:        # scaling: against the fewest GPUs whose workers started the same way
         return min((b for b in report["sweeps"] if b["workers"] == s["workers"]), key=lambda b: b["gpus"] or 0)
@@ -324,6 +326,11 @@ def markdown(report: dict) -> str:
                      f"{_f(s.get('cpu_busy'), '.0%')} | {gpu} | {_f(s.get('parent_cores'), '.2f')}"
                      + (f" (per GPU {', '.join(f'{x:.2f}' for x in s['gpu_process_cores'])})" if s.get("gpu_process_cores") else "")
                      + " |")
+    for s in report["sweeps"]:          # a fork server that could not serve leaves exec'd workers behind it
+        other = sum(n for kind, n in s.get("worker_kinds", {}).items() if ("forked" in kind) != (s["workers"] == "forked"))
+        if other:
+            lines += ["", f"**{label(s)}: {other} of {s['evaluations']} evaluations had workers that started "
+                          f"otherwise** ({s['worker_kinds']})."]
     if any(s.get("parent_cores") is not None for s in report["sweeps"]):
         lines += ["", "Parent cores: CPU used by the sweep's own process (judging, lanes, polling, whose Python "
                       "shares one GIL; not the workers), in cores; over several GPUs the parent only hands out jobs "

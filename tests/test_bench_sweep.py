@@ -14,8 +14,11 @@ bench = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench)
 
 
-def _rec(pid: int, dsl: str, ms: float, status: str = "ok") -> dict:
-    return {"kind": "verification", "problem_id": pid, "dsl": dsl, "status": status,
+FORKED, EXECD = "warm (forked from a server with the toolchains imported)", "warm (started ahead, toolchains preloaded)"
+
+
+def _rec(pid: int, dsl: str, ms: float, status: str = "ok", worker: str = FORKED) -> dict:
+    return {"kind": "verification", "problem_id": pid, "dsl": dsl, "status": status, "sandbox": {"worker": worker},
             "stages_s": {"total": 10.0, "worker_timing": 1.0},
             "timing": {"kernel_ms": ms, "kernel_device_ms": ms * 0.9, "host_call_ms": 0.02, "eager_ms": 10 * ms}}
 
@@ -32,8 +35,8 @@ def _part(stage: str, file: str, gpus: int, wall: float, cut: bool = False, work
 def test_summary_adds_up_parts_and_compares_gpu_counts(tmp_path):
     _write(tmp_path / "sweep_1gpu.jsonl", [_rec(i, d, 1.0) for i in range(1, 31) for d in ("cutedsl", "tirx")])
     _write(tmp_path / "sweep_2gpu.jsonl", [_rec(i, d, 1.0) for i in range(1, 31) for d in ("cutedsl", "tirx")]
-           + [_rec(31, "tirx", 1.0, "incorrect")])
-    _write(tmp_path / "sweep_1gpu_exec.jsonl", [_rec(i, d, 1.0) for i in range(1, 31) for d in ("cutedsl", "tirx")])
+           + [_rec(31, "tirx", 1.0, "incorrect", worker=EXECD)])     # its server could not serve it
+    _write(tmp_path / "sweep_1gpu_exec.jsonl", [_rec(i, d, 1.0, worker=EXECD) for i in range(1, 31) for d in ("cutedsl", "tirx")])
     _write(tmp_path / "cold.jsonl", [_rec(1, "cutedsl", 1.0), _rec(1, "tirx", 1.0)])
     for k, ms in enumerate((1.00, 1.01, 0.99, 1.30)):
         _write(tmp_path / f"stable_{k}.jsonl", [_rec(3, "cutedsl", ms), _rec(3, "tirx", 2.0)])
@@ -58,6 +61,9 @@ def test_summary_adds_up_parts_and_compares_gpu_counts(tmp_path):
     md = (tmp_path / "README.md").read_text()
     assert "| 1 GPU, forked workers | 16 | 8 | 60 | 60 | 120.0 | 2 | 30.0 | 1.0x |" in md and "**5.0x**" in md
     assert "| 1 GPU, exec'd workers | 16 | 8 | 60 | 60 | 240.0 | 1 | 15.0 | 1.0x |" in md
+    assert two["worker_kinds"] == {FORKED: 60, EXECD: 1} and one["worker_kinds"] == {FORKED: 60}
+    assert "**2 GPUs, forked workers: 1 of 61 evaluations had workers that started otherwise**" in md
+    assert md.count("started otherwise") == 1
     assert "| 20.000, 20.000, 20.000 | 0.0000 |" in md
     assert "CV ≤ 1% for 2 of 2 event-timed medians and 2 of 2 device times. Under load within 1%: 1 of 2 medians" in md
 
