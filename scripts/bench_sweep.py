@@ -207,6 +207,7 @@ def summary(d: Path) -> dict:
             "passed": sum(r["status"] in ("ok", "unverified") for r in recs), "stage_means_s": stage_means(recs),
             "worker_kinds": dict(Counter(r.get("sandbox", {}).get("worker", "?") for r in recs)),
             **_busy(mine)})
+
     def base_of(s: dict) -> dict:        # scaling: against the fewest GPUs whose workers started the same way
         return min((b for b in report["sweeps"] if b["workers"] == s["workers"]), key=lambda b: b["gpus"] or 0)
 
@@ -266,8 +267,8 @@ def label(s: dict) -> str:
 
 def timeline(d: Path, sweeps: list[dict], recs_by_file: dict[str, list[dict]]) -> None:
     """When each quarter of a one-call sweep's evaluations had ended (``quarters_s``), and
-    timeline.png: evaluations ended against time, one line per GPU count. Where the GPU counts'
-    rates part shows where scaling is lost (start-up, the tail, or throughout)."""
+    timeline.png: evaluations ended against time, one line per sweep (GPU count, how workers started).
+    Where the lines part shows where scaling is lost (start-up, the tail, or throughout)."""
     lines = {}
     for s in sweeps:
         ends = _ends(recs_by_file.get(s["file"], []))
