@@ -262,7 +262,8 @@ def _ends(recs: list[dict]) -> list[float]:
 
 
 def label(s: dict) -> str:
-    return f"{s['gpus']} GPU{'s' if (s['gpus'] or 0) > 1 else ''}, " + ("forked" if s.get("workers") == "forked" else "exec'd") + " workers"
+    where = "CPU tier" if s["gpus"] is None else f"{s['gpus']} GPU{'s' if s['gpus'] > 1 else ''}"
+    return f"{where}, " + ("forked" if s.get("workers") == "forked" else "exec'd") + " workers"
 
 
 def timeline(d: Path, sweeps: list[dict], recs_by_file: dict[str, list[dict]]) -> None:
@@ -316,8 +317,10 @@ def _spread(xs: list[float], load: float | None) -> dict:
 
 
 def markdown(report: dict) -> str:
-    lines = ["# Sweep benchmark (GPU tier, warm workers; torch.compile times from the cache, the eager reference "
-             "timed once per problem in each sweep)", "",
+    cpu_tier = bool(report["sweeps"]) and all(s["gpus"] is None for s in report["sweeps"])
+    lines = ["# Sweep benchmark (" + ("CPU tier, compile-only, warm workers)" if cpu_tier else
+             "GPU tier, warm workers; torch.compile times from the cache, the eager reference timed once per problem "
+             "in each sweep)"), "",
              "| sweep | CPU cores | in flight | evaluations | passed | wall s | device calls | per minute | scaling "
              "| cores busy | GPU busy | parent cores |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for s in report["sweeps"]:

@@ -142,3 +142,14 @@ def test_quarters_and_timeline_come_from_start_times_and_totals(tmp_path):
     assert one["quarters_s"] == [11.0, 13.0, 15.0, 17.0]
     assert (tmp_path / "timeline.png").stat().st_size > 0
     assert "1 GPU, forked workers 11.0, 13.0, 15.0, 17.0." in (tmp_path / "README.md").read_text()
+
+
+def test_a_cpu_tier_benchmark_says_so(tmp_path):
+    _write(tmp_path / "sweep_1gpu.jsonl", [_rec(i, "tirx", 1.0, "unverified") for i in range(1, 5)])
+    _write(tmp_path / "sweep_1gpu_exec.jsonl", [_rec(i, "tirx", 1.0, "unverified", worker=EXECD) for i in range(1, 5)])
+    _write(tmp_path / "parts.jsonl", [{**_part("sweep", "sweep_1gpu.jsonl", 1, 10.0), "gpus": None},
+                                       {**_part("sweep", "sweep_1gpu_exec.jsonl", 1, 25.0, workers="exec"), "gpus": None}])
+    bench.summary(tmp_path)
+    md = (tmp_path / "README.md").read_text()
+    assert md.startswith("# Sweep benchmark (CPU tier, compile-only")
+    assert "| CPU tier, forked workers | 16 | 8 | 4 | 4 | 10.0 |" in md and "| CPU tier, exec'd workers |" in md
