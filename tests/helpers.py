@@ -1,6 +1,16 @@
 """Shared test helpers."""
 
+import time
+
 from mkb_eval import problems as P
+
+
+def until(cond, timeout: float = 10.0) -> bool:
+    """Whether ``cond()`` came true within ``timeout`` s (polled every 10 ms)."""
+    deadline = time.monotonic() + timeout
+    while not cond() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return cond()
 
 
 def loadable() -> list[P.Problem]:

@@ -6,9 +6,10 @@ CUDA, and forks a worker on request. The child enters its sandbox (``sandbox.ent
 pipes and files, environment and folder, and runs the same ``worker.main`` an exec'd worker runs;
 CUDA is first initialised there, so every evaluation still has its own process and CUDA context.
 Measured on one H200 host (results/h200/2026-12-01_bench8): a worker's CPU fell from 18.4 to 6.9 s
-per evaluation and the full sweep from 418.4 to 365.7 s. TVM's FFI asks ``torch.cuda.is_available()`` when imported, which initialises CUDA; the server's
-environment has torch answer it through NVML instead (``PYTORCH_NVML_BASED_CUDA_CHECK``), and a
-server that finds the driver initialised all the same refuses to fork.
+per evaluation and the full sweep from 418.4 to 365.7 s. TVM's FFI asks ``torch.cuda.is_available()``
+when imported, which initialises CUDA; the server's environment has torch answer it through NVML
+instead (``PYTORCH_NVML_BASED_CUDA_CHECK``), and a server that finds the driver initialised all the
+same refuses to fork.
 
 The server runs only this checkout's code, holds no job, seed or candidate code, and is reached
 only through a socket pair its parent holds: a child closes every descriptor but its own five
@@ -197,7 +198,7 @@ class ForkedProc:
         except OSError:
             pass
         if self.pid is not None:
-            _killpg(self.pid)
+            killpg(self.pid)
 
     def _exited(self, rc: int) -> None:
         self.returncode = rc
@@ -205,7 +206,8 @@ class ForkedProc:
         self._settled.set()
 
 
-def _killpg(pid: int) -> None:
+def killpg(pid: int) -> None:
+    """SIGKILL the process group ``pid`` leads, if it still exists."""
     if pid > 1:                        # never a negative or init's group
         try:
             os.killpg(pid, signal.SIGKILL)
@@ -298,7 +300,7 @@ class ForkServer:
                     proc.pid = msg["pid"]
                     proc._settled.set()
                     if proc.cancelled:
-                        _killpg(proc.pid)
+                        killpg(proc.pid)
                 else:
                     proc._exited(-signal.SIGKILL)
             elif "error" in msg:

@@ -30,7 +30,7 @@ from mkb_eval import problems as P
 from mkb_eval.env import describe
 from mkb_eval.harness import cores
 from mkb_eval.harness.channel import read_messages
-from mkb_eval.harness.forkserver import ForkServer
+from mkb_eval.harness.forkserver import ForkServer, killpg
 from mkb_eval.harness.lanes import GpuLane, physical_gpu
 from mkb_eval.harness.policy import check_source
 from mkb_eval.harness.sandbox import (Sandbox, SandboxConfig, code_root, pythonpath_first, repo_root,
@@ -96,7 +96,7 @@ class _Worker:
         self.root = root
         self.limits = limits
         self.preloaded = preload
-        self.server, self.forked = server, server is not None
+        self.server = server
         self.sentinel = secrets.token_hex(16)
         self.channel = root / "channel"
         self.gate_r, self.gate_w = os.pipe()
@@ -139,6 +139,10 @@ class _Worker:
         os.close(self.gate_r)
         if preload:
             os.close(ready_w)
+
+    @property
+    def forked(self) -> bool:
+        return self.server is not None
 
     def start(self, job: dict[str, Any]) -> None:
         import json
@@ -240,11 +244,8 @@ class _Worker:
     def kill_group(self) -> None:
         if self.forked:
             self.proc.cancel()                 # kills its session, now or once the server has forked it
-            return
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        else:
+            killpg(self.proc.pid)
 
     def kill(self) -> None:
         """End the worker and everything it started (process group, then its cgroups). Idempotent."""

@@ -4,7 +4,6 @@ behind, and a server that cannot start costs only the warm start."""
 import os
 import shutil
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -14,13 +13,8 @@ from mkb_eval.harness import verify as V
 from mkb_eval.harness.forkserver import ForkServer
 from mkb_eval.harness.pool import WarmPool
 from mkb_eval.harness.verify import Limits, spawn_worker, start_fork_server, verify
+from tests.helpers import until
 
-
-def _until(cond, timeout: float = 60.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not cond() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    return cond()
 
 
 def _children(pid: int) -> set[int]:
@@ -37,7 +31,7 @@ def test_a_forked_worker_holds_only_its_own_descriptors_and_reports_its_exit():
         assert w.wait_preloaded(120) and w.proc.pid is not None
         pid = w.proc.pid
         # stdin, stdout, stderr, the lane gate: never the server's socket (a root process that forks)
-        assert _until(lambda: sorted(int(fd) for fd in os.listdir(f"/proc/{pid}/fd")) == [0, 1, 2, 3], 10)
+        assert until(lambda: sorted(int(fd) for fd in os.listdir(f"/proc/{pid}/fd")) == [0, 1, 2, 3], 10)
         assert os.getsid(pid) == pid                              # its own session: the group kill reaches it all
         assert os.readlink(f"/proc/{pid}/cwd") == str(w.root / "work")
         if w.sandbox.spec["isolate_network"]:
@@ -65,8 +59,8 @@ def test_a_worker_killed_before_the_server_forked_it_is_never_left_running():
         w.kill()
         assert w.proc.poll() is not None or w.proc.cancelled
         assert server.ready.wait(120) and not server.broken
-        assert _until(lambda: w.proc.poll() is not None)          # forked, then gone at once
-        assert _until(lambda: not _children(server.proc.pid))
+        assert until(lambda: w.proc.poll() is not None, 60)      # forked, then gone at once
+        assert until(lambda: not _children(server.proc.pid), 60)
         shutil.rmtree(w.root, ignore_errors=True)
     finally:
         server.close()
@@ -82,7 +76,7 @@ def test_a_pool_whose_fork_server_cannot_start_falls_back_to_exec_workers(monkey
     with WarmPool(fork=True) as pool:
         pool.fill("cpu", 0, Limits())
         (server,) = pool.servers.values()
-        assert _until(lambda: server.broken)
+        assert until(lambda: server.broken, 60)
         w = None
         for _ in range(3):                                        # the one asked of the dead server is gone
             w = pool.take("cpu", 0, Limits())
@@ -151,7 +145,7 @@ def test_a_hung_server_costs_one_wait_then_workers_are_execd(monkeypatch, tmp_pa
 def test_asking_an_ended_server_leaves_nothing_open(tmp_path):
     (tmp_path / "work").mkdir()
     server = ForkServer({"PYTHONHOME": str(tmp_path / "no-python-here")}, tmp_path)
-    assert _until(lambda: server.broken)
+    assert until(lambda: server.broken, 60)
     fds = set(os.listdir("/proc/self/fd"))
     tmp = Path(tempfile.gettempdir())
     folders = set(tmp.glob("mkb-eval-*"))

@@ -9,6 +9,7 @@ import pytest
 from mkb_eval import problems as P
 from mkb_eval.harness.pool import WarmPool
 from mkb_eval.harness.verify import Limits, spawn_worker, verify
+from tests.helpers import until
 
 VOLATILE = ("created_at", "stages_s", "sandbox", "stdout_tail", "stderr_tail")
 
@@ -56,7 +57,7 @@ def test_pool_close_stops_idle_workers_and_removes_their_folders():
     pool.fill("cpu", 0, Limits())
     w = pool.take("cpu", 0, Limits())
     assert w is not None and w.wait_preloaded(120)
-    assert _until(lambda: pool.spawned == 3)
+    assert until(lambda: pool.spawned == 3)
     time.sleep(0.2)
     assert pool.spawned == 3                                    # capped: no fourth worker for nothing
     idle = [x for xs in pool._idle.values() for x in xs]
@@ -93,17 +94,11 @@ def test_a_worker_taken_while_importing_is_replaced_once_its_imports_are_done(mo
     time.sleep(0.3)
     assert pool.spawned == 1
     imported.set()
-    assert _until(lambda: pool.spawned == 2)
+    assert until(lambda: pool.spawned == 2)
     pool.close()
     pool.fill("gpu", 0, Limits())
     assert pool.spawned == 2                        # a closed pool starts nothing (a late replacement)
 
-
-def _until(cond, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not cond() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    return cond()
 
 
 def _counting_pool(monkeypatch, imported: threading.Event | None = None, **kw) -> WarmPool:
