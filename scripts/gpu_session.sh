@@ -3,7 +3,7 @@
 # device call and leaves its logs and records under $OUT. State that later stages reuse (the
 # torch.compile cache, the resumable sweep file) lives under $MKB_STATE, which survives between
 # calls while the host stays warm.
-#   bash scripts/gpu_session.sh foundation|report|sweep|bench|safety [extra args]
+#   bash scripts/gpu_session.sh foundation|report|sweep|bench|safety|noise [extra args]
 # Run `report` before `sweep` on the same host: the sweep then takes both baselines (torch.compile and
 # eager, timed by the report with nothing compiling beside them) from the cache instead of its lanes.
 set -uo pipefail
@@ -62,6 +62,17 @@ case "$stage" in
       >> "$MKB_STATE/bench.log" 2>&1
     tail -30 "$MKB_STATE/bench.log"; sed "s#$PWD/#<repo>/#g" "$MKB_STATE/bench.log" > "$OUT/bench.log"   # no machine paths
     tar czf "$OUT/bench.tgz" -C "$MKB_STATE" bench ;;
+  noise)
+    # is the host call path's speed a property of the process or of the moment? fresh processes one after
+    # another on the same core, each timing the solutions in several rounds; every other process with a
+    # fixed hash seed and no address randomisation (so those share their memory layout)
+    sols="${NOISE_SOLUTIONS:-3/cutedsl 3/tirx 46/cutedsl 55/tirx 70/cutedsl 70/tirx}"
+    for p in $(seq 0 $((${NOISE_PROCS:-4} - 1))); do
+      if [ $((p % 2)) = 1 ]; then fixed="env PYTHONHASHSEED=0 setarch $(uname -m) -R"; else fixed=""; fi
+      timeout "$budget" $fixed taskset -c 1 python3 scripts/timing_noise.py $sols --rep "$p" --variants base \
+        --rounds "${NOISE_ROUNDS:-4}" --pause-s 5 "$@" >> "$OUT/noise.jsonl" 2>> "$OUT/noise.err"
+    done
+    tail -3 "$OUT/noise.err"; wc -l "$OUT/noise.jsonl" ;;
   safety)
     timeout "$budget" python3 -m mkb_eval.cli safety --tier gpu --md "$OUT/safety_gpu.md" "$@" > "$OUT/safety.log" 2>&1
     tail -25 "$OUT/safety.log" ;;

@@ -3,6 +3,8 @@
 One process times the given shipped solutions under several procedures, in rotating order, and
 prints one JSON line per (solution, procedure): the median of 50 event-timed draws and the median
 host call time. Run it several times in fresh processes (pinned to different cores) and compare.
+``--rounds N --variants base`` times the same solutions N times in one process, ``--pause-s`` apart,
+so the spread within a process over time can be set against the spread between processes.
 
 Procedures: ``base`` is the verifier's (timing.time_draws, which since this diagnostic pauses the
 collector itself; at commit 2736f6e it did not); ``gc_off`` the same with the garbage
@@ -57,6 +59,9 @@ def main() -> None:
     ap.add_argument("solutions", nargs="+", help="problem/dsl, e.g. 3/cutedsl")
     ap.add_argument("--rep", default="0")
     ap.add_argument("--gate-cycles", type=int, default=1_000_000)
+    ap.add_argument("--variants", default="base,gc_off,gated,after_profiler", help="procedures, in this order")
+    ap.add_argument("--rounds", type=int, default=1, help="times each procedure is taken in this process")
+    ap.add_argument("--pause-s", type=float, default=0.0, help="seconds between rounds")
     a = ap.parse_args()
     device = torch.device("cuda:0")
     clock = Clock()
@@ -86,7 +91,7 @@ def main() -> None:
             return out
         return call
 
-    def run(variant: str, key: str, solve: Any, make: Any) -> None:
+    def run(variant: str, key: str, solve: Any, make: Any, rnd: int) -> None:
         host: list[float] = []
         fn = host_timed(solve, host)
         if variant == "gated":
@@ -101,21 +106,25 @@ def main() -> None:
             times = time_draws(fn, make, warm, seeds, clock, device).times_ms
             gc.enable()
             host = host[len(warm):]
-        print(json.dumps({"rep": a.rep, "cpus": cpu, "solution": key, "variant": variant,
+        print(json.dumps({"rep": a.rep, "round": rnd, "at": time.time(), "cpus": cpu,
+                          "hashseed": os.environ.get("PYTHONHASHSEED"), "solution": key, "variant": variant,
                           "median_ms": statistics.median(times), "min_ms": min(times),
                           "host_ms": 1e3 * statistics.median(host), "times_ms": [round(t, 5) for t in times]}),
               flush=True)
 
-    variants = ["base", "gc_off", "gated"]
-    for r in range(len(variants)):                  # each procedure first once
+    variants = [v for v in a.variants.split(",") if v != "after_profiler"]
+    for rnd in range(a.rounds):
+        if rnd:
+            time.sleep(a.pause_s)
+        for r in range(len(variants)):              # each procedure once per round, rotating
+            for key, solve, make in loaded:
+                run(variants[(r + int(a.rep)) % len(variants)], key, solve, make, rnd)
+    if "after_profiler" in a.variants.split(","):
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]):   # CUPTI starts
+            torch.ones(1, device=device).add_(1)
+            torch.cuda.synchronize()
         for key, solve, make in loaded:
-            run(variants[(r + int(a.rep)) % len(variants)], key, solve, make)
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]):   # CUPTI starts
-        torch.ones(1, device=device).add_(1)
-        torch.cuda.synchronize()
-    for key, solve, make in loaded:
-        run("after_profiler", key, solve, make)
-
+            run("after_profiler", key, solve, make, 0)
 
 if __name__ == "__main__":
     main()
