@@ -91,7 +91,17 @@ def main() -> None:
             return out
         return call
 
+    def cpu_probe_ms() -> float:
+        """A fixed pure-Python workload: how fast this core runs interpreter code right now."""
+        reps = []
+        for _ in range(5):
+            t = time.perf_counter()
+            sum(i * i for i in range(20_000))
+            reps.append(time.perf_counter() - t)
+        return 1e3 * statistics.median(reps)
+
     def run(variant: str, key: str, solve: Any, make: Any, rnd: int) -> None:
+        probe = cpu_probe_ms()
         host: list[float] = []
         fn = host_timed(solve, host)
         if variant == "gated":
@@ -109,7 +119,7 @@ def main() -> None:
         print(json.dumps({"rep": a.rep, "round": rnd, "at": time.time(), "cpus": cpu,
                           "hashseed": os.environ.get("PYTHONHASHSEED"), "solution": key, "variant": variant,
                           "median_ms": statistics.median(times), "min_ms": min(times),
-                          "host_ms": 1e3 * statistics.median(host), "times_ms": [round(t, 5) for t in times]}),
+                          "host_ms": 1e3 * statistics.median(host), "cpu_probe_ms": [probe, cpu_probe_ms()], "times_ms": [round(t, 5) for t in times]}),
               flush=True)
 
     variants = [v for v in a.variants.split(",") if v != "after_profiler"]
