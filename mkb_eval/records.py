@@ -29,6 +29,7 @@ class Timing:
     kernel_ms: float | None = None          # median end-to-end, device-wide sync inside the events
     kernel_device_ms: float | None = None   # GPU time on the call's stream, host path excluded
     host_call_ms: float | None = None       # median time until solve returned in the timed draws (host path)
+    cpu_probe_ms: float | None = None       # fixed interpreter work on the timing core, before/after timing (slower one)
     kernel_cv: float | None = None
     eager_ms: float | None = None
     compile_ms: float | None = None         # torch.compile baseline

@@ -234,9 +234,10 @@ def summary(d: Path) -> dict:
             if len(xs) < 3:
                 continue
             stab[kk] = {"medians_ms": xs, **_spread(xs, runs[3].get(kk, {}).get("kernel_ms"))}
-            hs = [run[kk].get("host_call_ms") for run in runs[:3]]
-            if all(hs):     # time until solve returned: does the host path move with the median?
-                stab[kk]["host_call_ms"] = [round(h, 4) for h in hs]
+            for f in ("host_call_ms", "cpu_probe_ms"):   # the host path, and the timing core's speed beside it:
+                hs = [run[kk].get(f) for run in runs[:3]]   # do they move with the median?
+                if all(hs):
+                    stab[kk][f] = [round(h, 4) for h in hs]
             es = [run[kk].get("eager_ms") for run in runs[:3]]
             if all(es):     # the speedup's denominator, timed in each sweep
                 stab[kk].update(eager_ms=[round(e, 4) for e in es], eager_cv=_spread(es, None)["cv"])
@@ -362,16 +363,18 @@ def markdown(report: dict) -> str:
                       "(host call path included, as the verifier reports it); the device time is the GPU time alone "
                       "(records' `kernel_device_ms`: since commit 01b0f6e the median of 10 calls queued behind a GPU "
                       "sleep, before it CUPTI's mean of 3); the host call is the median time until `solve` returned; "
-                      "the eager baseline is the speedup's denominator, timed in each sweep.", "",
+                      "the core probe is a fixed piece of Python work timed on the timing core beside the timed draws "
+                      "(the slower of before and after; '-' where the records predate it); the eager baseline is the speedup's denominator, timed in each sweep.", "",
                   "| solution | medians ms (3 sweeps) | CV | under load ms | shift | device ms (3 sweeps) | device CV | "
-                  "device shift under load | host call ms (3 sweeps) | eager ms (3 sweeps) | eager CV |",
-                  "|---|---|---:|---:|---:|---|---:|---:|---|---|---:|"]
+                  "device shift under load | host call ms (3 sweeps) | core probe ms (3 sweeps) | eager ms (3 sweeps) | eager CV |",
+                  "|---|---|---:|---:|---:|---|---:|---:|---|---|---|---:|"]
         for kk, v in report["stability"].items():
             lines.append(f"| {kk} | {', '.join(f'{x:.4f}' for x in v['medians_ms'])} | {v['cv']:.4f} | "
                          f"{_f(v['under_load_ms'], '.4f')} | {_f(v['load_shift'], '+.4f')} | "
                          f"{', '.join(_f(x, '.4f') for x in v.get('device_ms') or [])} | {_f(v.get('device_cv'), '.4f')} | "
                          f"{_f(v.get('device_load_shift'), '+.4f')} | "
                          f"{', '.join(_f(x, '.4f') for x in v.get('host_call_ms') or []) or '-'} | "
+                         f"{', '.join(_f(x, '.3f') for x in v.get('cpu_probe_ms') or []) or '-'} | "
                          f"{', '.join(_f(x, '.3f') for x in v.get('eager_ms') or []) or '-'} | {_f(v.get('eager_cv'), '.4f')} |")
         big = [v for v in report["stability"].values()       # the kernel's size: its GPU time where known
                if statistics.mean(v.get("device_ms") or v["medians_ms"]) > 0.05]

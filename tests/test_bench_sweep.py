@@ -20,7 +20,8 @@ FORKED, EXECD = "warm (forked from a server with the toolchains imported)", "war
 def _rec(pid: int, dsl: str, ms: float, status: str = "ok", worker: str = FORKED) -> dict:
     return {"kind": "verification", "problem_id": pid, "dsl": dsl, "status": status, "sandbox": {"worker": worker},
             "stages_s": {"total": 10.0, "worker_timing": 1.0},
-            "timing": {"kernel_ms": ms, "kernel_device_ms": ms * 0.9, "host_call_ms": 0.02, "eager_ms": 10 * ms}}
+            "timing": {"kernel_ms": ms, "kernel_device_ms": ms * 0.9, "host_call_ms": 0.02, "cpu_probe_ms": 0.9,
+                       "eager_ms": 10 * ms}}
 
 
 def _write(path: Path, rows: list[dict]) -> None:
@@ -55,7 +56,8 @@ def test_summary_adds_up_parts_and_compares_gpu_counts(tmp_path):
     st = rep["stability"]
     assert st["03/tirx"]["cv"] == 0 and st["03/tirx"]["load_shift"] == 0
     assert 0.008 < st["03/cutedsl"]["cv"] < 0.009 and st["03/cutedsl"]["load_shift"] == 0.3
-    assert st["03/cutedsl"]["host_call_ms"] == [0.02] * 3
+    assert st["03/cutedsl"]["host_call_ms"] == [0.02] * 3 and st["03/cutedsl"]["cpu_probe_ms"] == [0.9] * 3
+    assert "| 0.900, 0.900, 0.900 |" in (tmp_path / "README.md").read_text()
     assert st["03/cutedsl"]["device_cv"] == st["03/cutedsl"]["cv"] and st["03/cutedsl"]["device_load_shift"] == 0.3
     assert st["03/cutedsl"]["eager_ms"] == [10.0, 10.1, 9.9] and st["03/cutedsl"]["eager_cv"] == st["03/cutedsl"]["cv"]
     md = (tmp_path / "README.md").read_text()

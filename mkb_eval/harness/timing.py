@@ -4,9 +4,10 @@ For each timed draw: fresh inputs (made outside the timed region, the previous d
 still alive so addresses differ), L2 flushed, then ``sync; start; fn(*inputs); device-wide sync;
 end; sync``. The device-wide sync inside the event pair counts work on every stream. Result:
 the median of the timed draws in milliseconds. Python's garbage collector is paused while
-draws run, so no collection lands inside a timed call. (On the H200 that steadied the medians of
-one set of four processes, but not of the next: the host call path itself runs at different
-speeds in different processes, results/h200/2026-11-30_bench2.)
+draws run, so no collection lands inside a timed call. The host call path inside the events runs
+at the speed of the core at that moment: on the H200 hosts a core alternates, over seconds, between
+two speeds about 1.7x apart with nothing else running, so ``cpu_probe_ms`` times a fixed piece of
+interpreter work on the timing core beside each timed phase (results/h200/2026-12-01_stability).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import contextlib
 import gc
 import statistics
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -138,6 +140,16 @@ def _time_draws(fn: Callable[..., Any], make: Callable[[int], list[Any]], warmup
         del out
     del prev
     return TimingResult(times, kept)
+
+
+def cpu_probe_ms(reps: int = 5) -> float:
+    """Median ms of a fixed pure-Python workload on this thread's core: its speed right now."""
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        sum(i * i for i in range(20_000))
+        times.append(time.perf_counter() - t)
+    return 1e3 * statistics.median(times)
 
 
 def stream_time_ms(fn: Callable[..., Any], make: Callable[[int], list[Any]], seeds: Sequence[int], clock: Clock,

@@ -713,7 +713,7 @@ def _baselines(rec: VerificationRecord, prob: P.Problem, judge: Any, job: dict[s
 
     times = fin["times_ms"]
     t = Timing(kernel_ms=float(statistics.median(times)), kernel_device_ms=fin.get("device_ms"),
-               host_call_ms=fin.get("host_call_ms"),
+               host_call_ms=fin.get("host_call_ms"), cpu_probe_ms=fin.get("cpu_probe_ms"),
                kernel_cv=float(statistics.pstdev(times) / statistics.mean(times)), n_warmup=WARMUP_DRAWS,
                n_timed=TIMING_DRAWS, times_ms=[round(x, 5) for x in times])
     t0 = time.perf_counter()

@@ -128,7 +128,7 @@ def run(job: dict[str, Any], chan: Channel, progress: Any) -> dict[str, Any]:
     import torch._dynamo  # noqa: F401 - rewraps torch.manual_seed (lazily, e.g. on the first profiler use): before capturing
 
     from mkb_eval.harness import observe, tensors
-    from mkb_eval.harness.timing import Clock, stream_time_ms, time_draws
+    from mkb_eval.harness.timing import Clock, cpu_probe_ms, stream_time_ms, time_draws
 
     tier = job["tier"]
     device = torch.device(job["device"])
@@ -291,6 +291,7 @@ def run(job: dict[str, Any], chan: Channel, progress: Any) -> dict[str, Any]:
             tensors.save(snap, out_dir / f"time_{i}.pt")
         return None
 
+    probe = [cpu_probe_ms()]
     t_time = time.perf_counter()
     try:
         res = time_draws(timed, make, job["warmup_seeds"], job["timing_seeds"], clock, device, keep=keep,
@@ -298,6 +299,7 @@ def run(job: dict[str, Any], chan: Channel, progress: Any) -> dict[str, Any]:
     except BaseException as e:  # noqa: BLE001
         raise Stop(_classify(e, True), "timing: " + _format_exc(e)) from None
     timing_s = time.perf_counter() - t_time
+    probe.append(cpu_probe_ms())
     check_tamper("after timing")
     if min(launch_counts) == 0:
         raise Stop("no_dsl_kernel", "a timed call launched no DSL kernel (results were served without the DSL)")
@@ -311,7 +313,8 @@ def run(job: dict[str, Any], chan: Channel, progress: Any) -> dict[str, Any]:
         dev_ms = None
     progress("report")
     return {"status": "timed", "times_ms": res.times_ms, "device_ms": dev_ms,
-            "launches_per_call": sorted(set(launch_counts)), "timing_s": timing_s, "host_call_ms": host_ms}
+            "launches_per_call": sorted(set(launch_counts)), "timing_s": timing_s, "host_call_ms": host_ms,
+            "cpu_probe_ms": max(probe)}
 
 
 def _cpu_tier(job: dict[str, Any], make: Any, call: Any, log: Any, progress: Any, import_s: float) -> dict[str, Any]:

@@ -44,6 +44,7 @@ def test_solution_passes(problem, dsl):
     rec = keep(verify(problem, dsl, problem.solution_path(dsl)), test="solution")
     assert rec.status == "ok", f"{rec.status} at {rec.stage}: {rec.message[-3000:]}"
     assert rec.timing.kernel_ms > 0 and rec.timing.eager_ms > 0 and rec.timing.host_call_ms > 0 and rec.env["gpu"]
+    assert rec.timing.cpu_probe_ms > 0
     assert "implausible_speedup" not in rec.flags
 
 

@@ -101,3 +101,11 @@ def test_stream_time_gate_is_capped_for_a_slow_host_path(monkeypatch: Any) -> No
     sleeps = [n for k, n in rec.log if k == "sleep"]
     assert sleeps[1] == int(1_000_000 / 0.5 * 10.0)       # 10 ms, not 1.5 s
 
+
+
+def test_cpu_probe_times_the_same_work_each_call(monkeypatch: Any) -> None:
+    ticks = iter(range(0, 100, 2))           # every piece of work takes 2 s on this fake clock
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: next(ticks))
+    assert timing.cpu_probe_ms(reps=3) == 2000.0
+    monkeypatch.undo()
+    assert 0 < timing.cpu_probe_ms() < 1e4    # and on the real clock it finishes
