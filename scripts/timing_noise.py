@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from mkb_eval.harness.timing import Clock, l2_flusher, time_draws  # noqa: E402
+from mkb_eval.harness.timing import Clock, cpu_probe_ms, l2_flusher, time_draws  # noqa: E402
 from mkb_eval.harness.worker import _import_file  # noqa: E402
 from mkb_eval.problems import find  # noqa: E402
 
@@ -90,15 +90,6 @@ def main() -> None:
             host.append(time.perf_counter() - t)
             return out
         return call
-
-    def cpu_probe_ms() -> float:
-        """A fixed pure-Python workload: how fast this core runs interpreter code right now."""
-        reps = []
-        for _ in range(5):
-            t = time.perf_counter()
-            sum(i * i for i in range(20_000))
-            reps.append(time.perf_counter() - t)
-        return 1e3 * statistics.median(reps)
 
     def run(variant: str, key: str, solve: Any, make: Any, rnd: int) -> None:
         probe = cpu_probe_ms()
