@@ -364,7 +364,8 @@ def markdown(report: dict) -> str:
                       "(records' `kernel_device_ms`: since commit 01b0f6e the median of 10 calls queued behind a GPU "
                       "sleep, before it CUPTI's mean of 3); the host call is the median time until `solve` returned; "
                       "the core probe is a fixed piece of Python work timed on the timing core beside the timed draws "
-                      "(the slower of before and after; '-' where the records predate it); the eager baseline is the speedup's denominator, timed in each sweep.", "",
+                      "(the slower of before and after; '-' where the records predate it); the eager baseline is the "
+                      "speedup's denominator, timed in each sweep.", "",
                   "| solution | medians ms (3 sweeps) | CV | under load ms | shift | device ms (3 sweeps) | device CV | "
                   "device shift under load | host call ms (3 sweeps) | core probe ms (3 sweeps) | eager ms (3 sweeps) | eager CV |",
                   "|---|---|---:|---:|---:|---|---:|---:|---|---|---|---:|"]

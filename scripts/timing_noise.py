@@ -110,7 +110,8 @@ def main() -> None:
         print(json.dumps({"rep": a.rep, "round": rnd, "at": time.time(), "cpus": cpu,
                           "hashseed": os.environ.get("PYTHONHASHSEED"), "solution": key, "variant": variant,
                           "median_ms": statistics.median(times), "min_ms": min(times),
-                          "host_ms": 1e3 * statistics.median(host), "cpu_probe_ms": [probe, cpu_probe_ms()], "times_ms": [round(t, 5) for t in times]}),
+                          "host_ms": 1e3 * statistics.median(host),
+                          "cpu_probe_ms": [probe, cpu_probe_ms()], "times_ms": [round(t, 5) for t in times]}),
               flush=True)
 
     variants = [v for v in a.variants.split(",") if v != "after_profiler"]

@@ -5,9 +5,10 @@ still alive so addresses differ), L2 flushed, then ``sync; start; fn(*inputs); d
 end; sync``. The device-wide sync inside the event pair counts work on every stream. Result:
 the median of the timed draws in milliseconds. Python's garbage collector is paused while
 draws run, so no collection lands inside a timed call. The host call path inside the events runs
-at the speed of the core at that moment: on the H200 hosts each vCPU alternates, in spells of about a
-second, between two speeds about 1.6x apart with nothing else running, so ``cpu_probe_ms`` times a fixed piece of
-interpreter work on the timing core beside each timed phase (results/h200/2026-12-01_stability).
+at the speed of the core at that moment: on the H200 hosts each vCPU alternates, in spells of about
+a second, between two speeds about 1.6x apart with nothing else running, so ``cpu_probe_ms`` times
+a fixed piece of interpreter work on the timing core beside each timed phase
+(results/h200/2026-12-01_stability).
 """
 
 from __future__ import annotations

@@ -102,7 +102,6 @@ def test_stream_time_gate_is_capped_for_a_slow_host_path(monkeypatch: Any) -> No
     assert sleeps[1] == int(1_000_000 / 0.5 * 10.0)       # 10 ms, not 1.5 s
 
 
-
 def test_cpu_probe_times_the_same_work_each_call(monkeypatch: Any) -> None:
     ticks = iter(range(0, 100, 2))           # every piece of work takes 2 s on this fake clock
     monkeypatch.setattr(timing.time, "perf_counter", lambda: next(ticks))
