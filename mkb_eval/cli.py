@@ -241,7 +241,8 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--no-compile-baseline", action="store_true", help="skip the torch.compile baseline")
     v.add_argument("--warm", action="store_true",
                    help="sweeps: start each evaluation's worker ahead of need, forked from a server that imported the "
-                        "toolchains once (MKB_FORK_SERVER=0: exec'd, each importing them); still one process per evaluation")
+                        "toolchains once (MKB_FORK_SERVER=0: exec'd, each importing them); still one process per "
+                        "evaluation. With --executor ray: one warm actor per GPU")
     v.add_argument("--cached-compile-baseline", action="store_true",
                    help="take torch.compile times from the cache only (filled by scripts/problem_report.py)")
     v.add_argument("--reuse-eager-baseline", action="store_true",

@@ -18,6 +18,16 @@ processes and nodes: ``env.gpu_count`` is the one GPU the task was granted, and 
 baseline cache is each node's own (``MKB_CACHE_DIR`` there), so ``--cached-compile-baseline`` needs
 it filled on every node, or a shared folder.
 
+With ``warm`` (``mkb verify --all --executor ray --warm``) the evaluations go to long-lived actors
+instead, one per GPU of the cluster (on the CPU tier one per CPU, at most one per job), each holding
+a :class:`~mkb_eval.harness.pool.WarmPool`: the actor's fork server imports torch and both
+toolchains once, and every evaluation still gets a fresh process, forked ahead of need while the
+previous one runs, so a task no longer pays ~10 s of start-up (records say ``warm (forked ...)``,
+as the local pool's warm records do). A job goes to whichever actor is free next, as
+``ray.util.ActorPool`` would hand it, kept here with its job so that a failure names it; an actor
+that dies (its node lost) takes its job with it, reported as not recorded, and is not replaced,
+so a shrinking cluster ends the sweep early instead of waiting for resources that may not return.
+
 Only the driver writes the JSONL store: results come back as record dicts and the caller's
 ``emit`` appends them as they finish. A task that raises (its node died and Ray's own retries ran
 out, the harness hit a bug, the problem copies differ) is an infrastructure failure, not a verdict
@@ -104,8 +114,8 @@ def _problem_ref(problem: P.Problem) -> str:
 
 
 def verify_task(problem_ref: str, problem_hash: str, dsl: str, kernel_name: str, kernel_bytes: bytes, tier: str,
-                verify_kwargs: dict[str, Any]) -> dict[str, Any]:
-    """One evaluation inside a Ray worker; returns ``VerificationRecord.to_dict()``."""
+                verify_kwargs: dict[str, Any], pool: Any = None) -> dict[str, Any]:
+    """One evaluation inside a Ray worker (or a warm actor's ``pool``); returns ``VerificationRecord.to_dict()``."""
     from mkb_eval.harness.verify import verify
 
     prob = P.load_problem(P.problems_root().resolve() / problem_ref)   # an absolute ref stays as it is
@@ -115,20 +125,51 @@ def verify_task(problem_ref: str, problem_hash: str, dsl: str, kernel_name: str,
     with tempfile.TemporaryDirectory(prefix="mkb-ray-") as d:
         kernel = Path(d) / kernel_name
         kernel.write_bytes(kernel_bytes)
-        return verify(prob, dsl, kernel, tier=tier, gpu=0, **verify_kwargs).to_dict()
+        return verify(prob, dsl, kernel, tier=tier, gpu=0, pool=pool, **verify_kwargs).to_dict()
+
+
+class WarmEvaluator:
+    """A Ray actor's state: one GPU's (or CPU slot's) evaluations, one at a time, each in a worker forked
+    ahead of need by this actor's fork server."""
+
+    def __init__(self, tier: str, verify_kwargs: dict[str, Any]) -> None:
+        from mkb_eval.harness.pool import WarmPool
+        from mkb_eval.harness.verify import Limits
+
+        self.pool = WarmPool(per_key=1)
+        self.pool.fill(tier, 0, verify_kwargs.get("limits") or Limits())   # the first job's worker, started now
+
+    def verify(self, *args: Any) -> dict[str, Any]:
+        return verify_task(*args, pool=self.pool)
+
+    def close(self) -> None:
+        self.pool.close()
+
+
+def _args(job: Job, tier: str, verify_kwargs: dict[str, Any]) -> tuple:
+    return (_problem_ref(job.problem), job.problem.hash, job.dsl, job.kernel.name, job.kernel.read_bytes(), tier,
+            verify_kwargs)
+
+
+def _error(e: Exception) -> str:
+    cause = getattr(e, "cause", None) or e     # a task's own exception, without Ray's traceback
+    return f"{type(cause).__name__}: {' '.join(str(cause).split())[:300]}"
 
 
 def run_jobs(jobs: Sequence[Job], tier: str, verify_kwargs: dict[str, Any], emit: Callable[[dict[str, Any]], None],
-             fail: Callable[[Job, str], None]) -> None:
-    """Submit every job as a task, then hand each result to ``emit`` (or the error to ``fail``) as it finishes.
+             fail: Callable[[Job, str], None], warm: bool = False) -> None:
+    """Submit every job as a task (``warm``: to warm actors), then hand each result to ``emit`` (or the
+    error to ``fail``) as it finishes.
 
     Interrupted (Ctrl-C), the tasks still pending are cancelled; the finished ones are already stored.
     """
     import ray
 
+    if warm:
+        _run_warm(list(jobs), tier, verify_kwargs, emit, fail)
+        return
     task = ray.remote(verify_task).options(num_cpus=1, num_gpus=1 if tier == "gpu" else 0)
-    pending = {task.remote(_problem_ref(j.problem), j.problem.hash, j.dsl, j.kernel.name, j.kernel.read_bytes(), tier,
-                           verify_kwargs): j for j in jobs}
+    pending = {task.remote(*_args(j, tier, verify_kwargs)): j for j in jobs}
     try:
         while pending:
             (ref,), _ = ray.wait(list(pending), num_returns=1)
@@ -136,10 +177,49 @@ def run_jobs(jobs: Sequence[Job], tier: str, verify_kwargs: dict[str, Any], emit
             try:
                 rec = ray.get(ref)
             except Exception as e:  # RayTaskError, WorkerCrashedError, NodeDiedError, ...: one job, not the sweep
-                cause = getattr(e, "cause", None) or e     # a task's own exception, without Ray's traceback
-                fail(job, f"{type(cause).__name__}: {' '.join(str(cause).split())[:300]}")
+                fail(job, _error(e))
                 continue
             emit(rec)
     finally:
         for ref in pending:
             ray.cancel(ref)
+
+
+def _run_warm(jobs: list[Job], tier: str, verify_kwargs: dict[str, Any], emit: Callable[[dict[str, Any]], None],
+              fail: Callable[[Job, str], None]) -> None:
+    import ray
+    from ray.exceptions import RayActorError
+
+    res = ray.cluster_resources()
+    n = max(1, min(len(jobs), int(res.get("GPU", 0) if tier == "gpu" else res.get("CPU", 1))))
+    actor = ray.remote(WarmEvaluator).options(num_cpus=1, num_gpus=1 if tier == "gpu" else 0)
+    idle = [actor.remote(tier, verify_kwargs) for _ in range(n)]
+    everyone = list(idle)
+    running: dict[Any, tuple[Job, Any]] = {}
+    todo = list(reversed(jobs))
+    try:
+        while todo or running:
+            while idle and todo:
+                a, job = idle.pop(), todo.pop()
+                running[a.verify.remote(*_args(job, tier, verify_kwargs))] = (job, a)
+            if not running:                       # every actor is gone: what is left cannot run
+                for job in reversed(todo):
+                    fail(job, "no Ray actor left to evaluate it (their nodes were lost)")
+                return
+            (ref,), _ = ray.wait(list(running), num_returns=1)
+            job, a = running.pop(ref)
+            try:
+                emit(ray.get(ref))
+            except RayActorError as e:            # the actor died: its job is lost, and so is the actor
+                fail(job, _error(e))
+                continue
+            except Exception as e:  # the task's own failure (a stale problem copy, a harness error): one job
+                fail(job, _error(e))
+            idle.append(a)
+    finally:
+        for ref in running:
+            ray.cancel(ref)
+        closing = [a.close.remote() for a in everyone]
+        ray.wait(closing, num_returns=len(closing), timeout=30)   # fork servers and idle workers stop
+        for a in everyone:
+            ray.kill(a)

@@ -119,7 +119,7 @@ def run_sweep(jobs: list[Job], out: Path, *, tier: str = "auto", verify_kwargs: 
     ``parallel`` is then the total in flight. ``executor="ray"`` runs each evaluation as a Ray task on the cluster at
     ``address`` (default: a local Ray instance), see :mod:`mkb_eval.ray_executor`; ``parallel`` is
     then Ray's to decide. Both give the same records, written here and resumed the same way.
-    ``warm`` (local executor) takes each evaluation's worker from a :class:`WarmPool`.
+    ``warm`` takes each evaluation's worker from a :class:`WarmPool` (on Ray, one per actor).
     """
     kwargs = verify_kwargs or {}
     if executor == "ray":
@@ -128,8 +128,8 @@ def run_sweep(jobs: list[Job], out: Path, *, tier: str = "auto", verify_kwargs: 
         started = R.connect(address)
         try:
             tier, gpu = R.tier_and_gpu(tier)
-            return _sweep(jobs, out, tier, gpu, R.describe(),
-                          lambda todo, sink: R.run_jobs(todo, tier, kwargs, sink.record, sink.failed))
+            return _sweep(jobs, out, tier, gpu, R.describe() + (", warm actors" if warm else ""),
+                          lambda todo, sink: R.run_jobs(todo, tier, kwargs, sink.record, sink.failed, warm))
         finally:
             if started:
                 import ray

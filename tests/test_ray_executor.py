@@ -24,6 +24,7 @@ from mkb_eval import ray_executor as R
 from mkb_eval import sweep
 from mkb_eval.cli import main
 from mkb_eval.harness.verify import Limits
+from tests.helpers import until
 
 KW = {"limits": Limits(correctness_s=120, timing_s=120, cpu_s=120)}
 _EVAL_DIR = re.compile(r"[^\s\"']*/mkb-eval-[A-Za-z0-9_]+")
@@ -48,6 +49,18 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> list[sweep.Job]:
         sweep.Job(p28, "cutedsl", bad)]                                                     # compile_error
 
 
+def _fork_servers() -> list[int]:
+    """Pids of fork servers running on this machine."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        try:
+            if d.name.isdigit() and b"mkb_eval.harness.forkserver" in (d / "cmdline").read_bytes():
+                pids.append(int(d.name))
+        except OSError:
+            continue
+    return pids
+
+
 def _norm(value: Any) -> Any:
     if isinstance(value, str):
         return _EVAL_DIR.sub("<eval-dir>", value)
@@ -69,17 +82,19 @@ def _comparable(path: Path) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_ray_records_equal_local_and_resume(ray_local: Any, jobs: list[sweep.Job], tmp_path: Path) -> None:
+@pytest.mark.parametrize("warm", [False, True], ids=["tasks", "warm-actors"])
+def test_ray_records_equal_local_and_resume(ray_local: Any, jobs: list[sweep.Job], tmp_path: Path, warm: bool) -> None:
     local, remote = tmp_path / "local.jsonl", tmp_path / "ray.jsonl"
-    sweep.run_sweep(jobs, local, tier="cpu", parallel=2, verify_kwargs=KW)
-    new = sweep.run_sweep(jobs, remote, tier="cpu", executor="ray", verify_kwargs=KW)
+    sweep.run_sweep(jobs, local, tier="cpu", parallel=2, verify_kwargs=KW, warm=warm)
+    new = sweep.run_sweep(jobs, remote, tier="cpu", executor="ray", verify_kwargs=KW, warm=warm)
     assert len(new) == len(jobs)
     a, b = _comparable(local), _comparable(remote)
     assert sorted(r["status"] for r in b) == ["compile_error", "runtime_error"] + ["unverified"] * 4
     assert all(r["message"] and r["stage"] for r in b)
+    assert {"forked" in r["sandbox"].get("worker", "") for r in b if r["status"] == "unverified"} == {warm}
     assert a == b
     before = remote.read_text()
-    assert sweep.run_sweep(jobs, remote, tier="cpu", executor="ray", verify_kwargs=KW) == []   # resumes: nothing left
+    assert sweep.run_sweep(jobs, remote, tier="cpu", executor="ray", verify_kwargs=KW, warm=warm) == []   # resumes
     assert remote.read_text() == before
 
 
@@ -105,6 +120,19 @@ def test_failed_tasks_are_reported_not_recorded(ray_local: Any, tmp_path: Path, 
     text = " ".join(capsys.readouterr().out.split())
     assert text.count("NOT RECORDED") == 2 and "2 evaluation(s) not recorded" in text
     assert "WorkerCrashedError" in text and "install the same commit on every node" in text
+
+
+@pytest.mark.slow
+def test_warm_actors_report_a_failed_job_and_go_on(ray_local: Any, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    p28, p36 = P.find(28), P.find(36)
+    stale = sweep.Job(dataclasses.replace(p28, hash="0" * 64), "tirx", p28.solution_path("tirx"))
+    jobs = [stale] + sweep.shipped_jobs([p36], P.DSLS)
+    out = tmp_path / "w.jsonl"
+    new = sweep.run_sweep(jobs, out, tier="cpu", executor="ray", verify_kwargs=KW, warm=True)
+    assert sorted((r["problem_id"], r["dsl"]) for r in new) == [(36, "cutedsl"), (36, "tirx")]
+    text = " ".join(capsys.readouterr().out.split())
+    assert text.count("NOT RECORDED") == 1 and "install the same commit on every node" in text
+    assert until(lambda: not _fork_servers(), 30)      # the actors closed their pools: no server left running
 
 
 @pytest.mark.slow
