@@ -209,13 +209,16 @@ def _run_warm(jobs: list[Job], tier: str, verify_kwargs: dict[str, Any], emit: C
             (ref,), _ = ray.wait(list(running), num_returns=1)
             job, a = running.pop(ref)
             try:
-                emit(ray.get(ref))
+                rec = ray.get(ref)
             except RayActorError as e:            # the actor died: its job is lost, and so is the actor
                 fail(job, _error(e))
                 continue
             except Exception as e:  # the task's own failure (a stale problem copy, a harness error): one job
+                rec = None
                 fail(job, _error(e))
             idle.append(a)
+            if rec is not None:
+                emit(rec)
     finally:
         for ref in running:
             ray.cancel(ref)
