@@ -214,11 +214,10 @@ def _run_warm(jobs: list[Job], tier: str, verify_kwargs: dict[str, Any], emit: C
                 fail(job, _error(e))
                 continue
             except Exception as e:  # the task's own failure (a stale problem copy, a harness error): one job
-                rec = None
                 fail(job, _error(e))
-            idle.append(a)
-            if rec is not None:
+            else:
                 emit(rec)
+            idle.append(a)
     finally:
         for ref in running:
             ray.cancel(ref)
