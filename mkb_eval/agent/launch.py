@@ -162,7 +162,7 @@ def _pool(opts: RunOptions, tier: str, gpus: int, run_dir: Path, verify_fn: Any,
     from mkb_eval.agent import baselines
 
     workers = opts.workers or default_workers(tier, gpus)
-    warm = opts.warm if opts.warm is not None else tier == "gpu"
+    warm = opts.warm if opts.warm is not None else (tier == "gpu" and verify_fn is None)
     if tier == "gpu" and verify_fn is None:
         from mkb_eval.harness.cores import keep_off_timing_cores
 
