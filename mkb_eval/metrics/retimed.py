@@ -187,3 +187,53 @@ def retimed_unit(unit: Any, timing: PairedTiming | None) -> Any:
             continue
         repl[role] = dataclasses.replace(o, kernel_ms=ms, speedup=o.eager_ms / ms)
     return dataclasses.replace(unit, **repl) if repl else unit
+
+
+def run_timings(run_dir: str | Path, timer: str = DEFAULT_TIMER) -> dict[UnitKey, PairedTiming] | None:
+    """A run folder's re-timed pairs (None when it holds no ``retime.jsonl``), paired only with the final
+    kernels its attempt records hold now."""
+    run = Path(run_dir)
+    if not (run / "retime.jsonl").is_file():
+        return None
+    kernels: dict[str, str | None] = {}
+    if (run / "attempts.jsonl").is_file():
+        for line in (run / "attempts.jsonl").read_text(errors="replace").splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(rec, dict) and isinstance(rec.get("trial"), str):
+                kernels[rec["trial"]] = rec.get("final_kernel_sha256")
+    return read_retimes(run, timer, kernels)
+
+
+def run_gpu(run_dir: str | Path) -> str | None:
+    """The GPU model the run's re-timings ran on (from their environment), if any."""
+    path = Path(run_dir) / "retime.jsonl"
+    if not path.is_file():
+        return None
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            gpu = (json.loads(line).get("env") or {}).get("gpu")
+        except (json.JSONDecodeError, AttributeError):
+            continue
+        if gpu:
+            return str(gpu)
+    return None
+
+
+def noise_floor(gpu: str | None, results: str | Path | None = None) -> dict[str, Any] | None:
+    """The A/A noise floor measured on this GPU model: the newest ``results/<gpu>/<date>_aa/summary.json``
+    whose ``gpu`` is this one (its units, false help/harm, 95th percentile of |ratio - 1|), or None."""
+    if not gpu:
+        return None
+    root = Path(results) if results else Path(__file__).resolve().parents[2] / "results"
+    for path in sorted(root.glob("*/*_aa/summary.json"), reverse=True):
+        try:
+            s = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if isinstance(s, dict) and s.get("gpu") == gpu:
+            keys = ("units", "false_help", "false_harm", "gm_ratio_bias", "ratio_p95_abs_dev", "rounds", "timer")
+            return {**{k: s.get(k) for k in keys}, "source": str(path.relative_to(root.parent))}
+    return None
