@@ -27,7 +27,8 @@ def _run(args: argparse.Namespace) -> int:
     from mkb_eval.agent.launch import RunOptions, run_trials
 
     try:
-        budget = Budget(submissions=args.submissions or Budget().submissions, max_tokens_per_turn=args.max_tokens_per_turn,
+        budget = Budget(submissions=Budget().submissions if args.submissions is None else args.submissions,
+                        max_tokens_per_turn=args.max_tokens_per_turn,
                         max_total_tokens=args.max_total_tokens, wall_s=args.wall_minutes * 60,
                         max_corrections=args.max_corrections)
         opts = RunOptions(

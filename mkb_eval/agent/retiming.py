@@ -212,6 +212,13 @@ class Retimer:
             else:
                 result = fn(problem, kernels, rounds=s.rounds, warmup=s.warmup, draws=s.draws, gpu=0, lane=None,
                             limits=self.limits, pool=self.warm, seed=seed)
+        except ModuleNotFoundError as e:       # a checkout without the harness's re-timing
+            self.failed.append(f"{group.id}: {e}")
+            if len(self.failed) == 1:
+                self.log(f"no paired re-timing ({e}); passed pairs stay unresolved under the paired verdict")
+            with self._lock:
+                self._inflight.pop(key, None)
+            return
         except Exception as e:  # noqa: BLE001 - the harness's failure: nothing stored, the next run retries
             self.failed.append(f"{group.id}: {type(e).__name__}: {e}")
             self.log(f"re-timing {group.id} failed ({type(e).__name__}: {e}); it is re-timed by the next run")
