@@ -78,7 +78,10 @@ def _summary_lines(run_dir: Path, results: dict[str, Any]) -> list[str]:
         f"Run: `{run_dir.name}`; models: {', '.join(results['models']) or 'none'}; "
         f"{results['n_records']} attempt records ({results['n_superseded']} superseded).",
         f"Units: {o['n_resolved']} resolved of {o['n_units']} ({o['n_unresolved_missing']} missing an attempt, "
-        f"{o['n_unresolved_error']} with an infrastructure error) over {o['n_problems']} problems.",
+        f"{o['n_unresolved_error']} with an infrastructure error"
+        + (f", {o['n_unresolved_unverified']} unverified (no GPU), {o['n_unresolved_not_retimed']} passed pairs "
+           "without a re-timing" if "n_unresolved_unverified" in o else "")
+        + f") over {o['n_problems']} problems.",
         f"Parameters: noise margin {p['margin']:g}, failure floor {p['floor']:g}, "
         f"{p['n_resamples']} bootstrap resamples of problems (seed {p['seed']}), {p['confidence']:.0%} intervals.",
     ]
