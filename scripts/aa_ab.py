@@ -24,7 +24,9 @@ measures: the summary reports the measured ratios (``ab_slow_ratio_median``, ``a
 Verification cache: within a run a kernel is verified once per (problem, DSL, tier) (``mkb run``'s default):
 identical kernels of two arms share one verification; the verdict rests on the paired re-timing, which times
 every arm's kernel in its own windows. The A/B run takes the A/A run's shared baselines (same problems, GPU model
-and torch: the same cache keys), so no reference is timed twice on the host.
+and torch: the same cache keys), so no reference is timed twice on the host. To fit the GPU budget the A/A run's
+torch.compile baselines start from ``--seed-compile`` (the 2026-11-30 H200 report's, same GPU model and torch);
+they decide no verdict (only ``speedup_vs_compile``); the eager baselines are timed in the run.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ sys.path.insert(0, str(ROOT))
 AA_PROBLEMS = (23, 24, 25, 26, 11, 12, 17, 65, 70, 72, 73, 31, 36, 38, 39, 41, 45, 46, 47, 49, 54, 55, 58, 61)
 AB_PROBLEMS = (23, 24, 12, 17, 65, 70, 38, 39, 45, 49, 58, 61)
 TARGET = 0.10
+SEED_COMPILE = ROOT / "results" / "h200" / "2026-11-30_compile_baselines.jsonl"
 SWEEP_RECORDS = ROOT / "results" / "h200" / "2026-12-01_bench8" / "sweep_1gpu.jsonl"
 RECORDED_SWEEP = {"evals_per_min": 148 / 365.7 * 60,
                   "source": "results/h200/2026-12-01_bench8: 148 shipped kernels in 365.7 s on one H200, 12 in flight"}
@@ -142,8 +145,12 @@ def run_stage(name: str, work: Path, model: str, problems: tuple[int, ...], repl
     from mkb_eval.agent.launch import RunOptions, run_trials
 
     run = work / name
+    seed = inject.pop("seed_compile", None)
     if name == "ab" and not (run / "baselines").exists() and (work / "aa" / "baselines").is_dir():
         shutil.copytree(work / "aa" / "baselines", run / "baselines")     # same problems, GPU and torch
+    elif seed and not (run / "baselines" / "compile_baselines.jsonl").exists():
+        (run / "baselines").mkdir(parents=True, exist_ok=True)            # keys: problem hash, size, GPU, torch
+        shutil.copy(seed, run / "baselines" / "compile_baselines.jsonl")
     before = verifications(run) if run.exists() else 0
     t0 = time.perf_counter()
     opts = RunOptions(model=model, problems=",".join(map(str, problems)), arms="all", replicates=replicates,
@@ -189,7 +196,7 @@ def _retime_s(run: Path) -> float:
         if path.is_file() else 0.0
 
 
-def summarize(work: Path, out: Path, date: str) -> dict[str, Any]:
+def summarize(work: Path, out: Path, date: str, seeded: str | None = None) -> dict[str, Any]:
     from mkb_eval.env import describe, git_commit
     from mkb_eval.metrics import read_attempts, score
     from mkb_eval.metrics.paired import NEUTRAL_BAND
@@ -199,7 +206,7 @@ def summarize(work: Path, out: Path, date: str) -> dict[str, Any]:
         return score(read_attempts(run), timings=run_timings(run, timer) or {}, timer=timer)
 
     s: dict[str, Any] = {"date": date, "gpu": describe().get("gpu"), "band": NEUTRAL_BAND, "timer": "kernel_ms",
-                         "rounds": 5, **git_commit()}
+                         "rounds": 5, **git_commit(), "compile_baselines_seeded_from": seeded}
     tables = []
     for timer, suffix in (("kernel_ms", ""), ("device_ms", "_device")):
         aa = scored(work / "aa", timer)
@@ -281,6 +288,10 @@ def main() -> int:
                     help="run folders (resumable: a stage cut short continues where it stopped)")
     ap.add_argument("--stage", default="build,aa,ab,summary", help="comma-separated: build, aa, ab, sweep, summary")
     ap.add_argument("--date", default=dt.date.today().isoformat())
+    ap.add_argument("--seed-compile", default=str(SEED_COMPILE),
+                    help="torch.compile baselines to start the A/A run's shared baselines from (same GPU model and "
+                         "torch, or their keys do not match and they are timed); '' times them in the run (minutes: "
+                         "each reference compiled and traced again). They decide no verdict: only speedup_vs_compile")
     args = ap.parse_args()
     work, out = Path(args.work), Path(args.out)
     work.mkdir(parents=True, exist_ok=True)
@@ -292,13 +303,13 @@ def main() -> int:
     if "build" in stages or ("ab" in stages and not (work / "ab_replay").is_dir()):
         build(work)
     if "aa" in stages:
-        run_stage("aa", work, "replay:solutions", AA_PROBLEMS, 1)
+        run_stage("aa", work, "replay:solutions", AA_PROBLEMS, 1, seed_compile=args.seed_compile or None)
     if "ab" in stages:
         run_stage("ab", work, f"replay:{work / 'ab_replay'}", AB_PROBLEMS, 2)
     if "sweep" in stages:
         sweep_stage(work)
     if "summary" in stages:
-        summarize(work, out, args.date)
+        summarize(work, out, args.date, Path(args.seed_compile).name if args.seed_compile else None)
     return 0
 
 
