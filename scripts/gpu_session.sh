@@ -3,7 +3,7 @@
 # device call and leaves its logs and records under $OUT. State that later stages reuse (the
 # torch.compile cache, the resumable sweep file) lives under $MKB_STATE, which survives between
 # calls while the host stays warm.
-#   bash scripts/gpu_session.sh foundation|report|sweep|bench|safety|noise [extra args]
+#   bash scripts/gpu_session.sh foundation|report|sweep|bench|safety|noise|aa_ab [extra args]
 # Run `report` before `sweep` on the same host: the sweep then takes both baselines (torch.compile and
 # eager, timed by the report with nothing compiling beside them) from the cache instead of its lanes.
 set -uo pipefail
@@ -73,6 +73,12 @@ case "$stage" in
         --rounds "${NOISE_ROUNDS:-4}" --pause-s 5 "$@" >> "$OUT/noise.jsonl" 2>> "$OUT/noise.err"
     done
     tail -3 "$OUT/noise.err"; wc -l "$OUT/noise.jsonl" ;;
+  aa_ab)
+    # A/A and A/B of the paired measurement (scripts/aa_ab.py): resumable, so a stage cut at the budget continues
+    # when called again; its run folders live in $MKB_STATE/aa_ab, summary.json and the table come back in $OUT
+    preflight
+    timeout "$budget" python3 scripts/aa_ab.py --out "$OUT" --work "$MKB_STATE/aa_ab" "$@" > "$OUT/aa_ab.log" 2>&1
+    tail -40 "$OUT/aa_ab.log" ;;
   safety)
     timeout "$budget" python3 -m mkb_eval.cli safety --tier gpu --md "$OUT/safety_gpu.md" "$@" > "$OUT/safety.log" 2>&1
     tail -25 "$OUT/safety.log" ;;

@@ -350,17 +350,24 @@ class TransformersBackend:
 class ModelSpec:
     """What ``--model`` named: an embedded model, a local folder, or an OpenAI-compatible endpoint."""
 
-    kind: str                 # "embedded" | "local" | "openai"
+    kind: str                 # "embedded" | "local" | "openai" | "replay"
     name: str                 # the model id recorded in every attempt
     path: Path | None = None
     base_url: str | None = None
+    source: str | None = None  # replay: what follows "replay:"
 
 
-def parse_model_spec(text: str) -> ModelSpec:
-    """``<embedded name>`` | ``<local path>`` | ``openai:<base URL>#<model>`` (URL and model may come from MKB_*)."""
+def parse_model_spec(text: str, root: str | Path | None = None) -> ModelSpec:
+    """``<embedded name>`` | ``<local path>`` | ``openai:<base URL>#<model>`` (URL and model may come from MKB_*)
+    | ``replay:<source>`` (see :mod:`mkb_eval.agent.replay`; ``root`` is the problems folder)."""
     from mkb_eval.agent import models
 
     text = text.strip()
+    if text.startswith("replay:"):
+        from mkb_eval.agent import replay
+
+        rest = text[len("replay:"):]
+        return ModelSpec(kind="replay", name=replay.model_name(replay.open_source(rest, root)), source=rest)
     if text.startswith("openai:"):
         rest = text[len("openai:"):]
         url, _, model = rest.partition("#")
@@ -380,13 +387,17 @@ def parse_model_spec(text: str) -> ModelSpec:
         check_chat_template(path)
         return ModelSpec(kind="local", name=path.resolve().name, path=path.resolve())
     raise BackendError(f"--model {text!r} is not an embedded model ({', '.join(models.EMBEDDED)}), an existing "
-                       "folder, or openai:<URL>#<model>")
+                       "folder, openai:<URL>#<model> or replay:<source>")
 
 
 def open_backend(spec: ModelSpec, *, engine: str = "vllm", device: str = "cpu", seed: int = 0,
                  max_model_len: int | None = None, dtype: str | None = None, api_key: str | None = None,
-                 log: Any = print) -> Backend:
+                 log: Any = print, root: str | Path | None = None) -> Backend:
     """Start the backend for ``spec`` (preparing an embedded model first if needed)."""
+    if spec.kind == "replay":
+        from mkb_eval.agent import replay
+
+        return replay.ReplayBackend(replay.open_source(spec.source or "", root), seed=seed, root=root)
     if spec.kind == "openai":
         key = api_key or os.environ.get("MKB_OPENAI_API_KEY") or os.environ.get("OPENAI_API_KEY")
         return OpenAIBackend(spec.base_url or "", spec.name, api_key=key, max_context=max_model_len)

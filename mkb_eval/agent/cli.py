@@ -27,7 +27,8 @@ def _run(args: argparse.Namespace) -> int:
     from mkb_eval.agent.launch import RunOptions, run_trials
 
     try:
-        budget = Budget(submissions=args.submissions, max_tokens_per_turn=args.max_tokens_per_turn,
+        budget = Budget(submissions=Budget().submissions if args.submissions is None else args.submissions,
+                        max_tokens_per_turn=args.max_tokens_per_turn,
                         max_total_tokens=args.max_total_tokens, wall_s=args.wall_minutes * 60,
                         max_corrections=args.max_corrections)
         opts = RunOptions(
@@ -36,7 +37,8 @@ def _run(args: argparse.Namespace) -> int:
             sampling=Sampling(temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens_per_turn,
                               seed=args.seed),
             max_model_len=args.max_model_len, workers=args.workers, warm=args.warm_workers,
-            rerun_stale=args.rerun_stale,
+            rerun_stale=args.rerun_stale, submissions_given=args.submissions is not None,
+            retime=not args.no_retime, retime_rounds=args.retime_rounds, dedupe=not args.no_dedupe,
             dry_run=args.dry_run, api_key=args.api_key, root=getattr(args, "root", None), progress=not args.quiet)
         summary, planned = run_trials(opts)
     except _ERRORS as e:
@@ -87,7 +89,8 @@ def register(subparsers: Any) -> None:
     d = Budget()
     r = subparsers.add_parser("run", help="attempts with a local model: solo and skill-transfer arms, resumable")
     r.add_argument("--model", default=DEFAULT_MODEL,
-                   help=f"embedded name ({', '.join(EMBEDDED)}), a local model folder, or openai:<base URL>#<model> "
+                   help=f"embedded name ({', '.join(EMBEDDED)}), a local model folder, openai:<base URL>#<model>, "
+                        "or replay:solutions | replay:<folder of NN_dsl.py kernels> | replay:<run folder> "
                         "(URL, model and key may come from MKB_OPENAI_BASE_URL / MKB_OPENAI_MODEL / MKB_OPENAI_API_KEY)")
     r.add_argument("--problems", default="28,36", help="comma-separated ids or names, or 'all' (default 28,36)")
     r.add_argument("--arms", default="all", help="comma-separated arms or 'all' (skill arms pull in their source)")
@@ -96,7 +99,8 @@ def register(subparsers: Any) -> None:
                    help="cpu: vLLM on CPU and the CPU verification tier; cuda: GPU generation and verification")
     r.add_argument("--run-dir", help="run folder (default runs/<model>)")
     r.add_argument("--engine", choices=("vllm", "transformers"), default="vllm", help="for local models")
-    r.add_argument("--submissions", type=int, default=d.submissions, help="graded submissions per attempt")
+    r.add_argument("--submissions", type=int, default=None,
+                   help=f"graded submissions per attempt (default {d.submissions}; a replay: as many as its source holds)")
     r.add_argument("--max-tokens-per-turn", type=int, default=d.max_tokens_per_turn)
     r.add_argument("--max-total-tokens", type=int, default=d.max_total_tokens, help="generated tokens per attempt")
     r.add_argument("--wall-minutes", type=float, default=d.wall_s / 60, help="wall clock per attempt")
@@ -107,8 +111,13 @@ def register(subparsers: Any) -> None:
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--max-model-len", type=int, help="context length to serve (default: the model's)")
     r.add_argument("--workers", type=int, help="parallel verifications (default: min(4, cores))")
-    r.add_argument("--warm-workers", action="store_true",
-                   help="start each verification's worker ahead of need (pays off on a GPU host with spare cores)")
+    r.add_argument("--warm-workers", action=argparse.BooleanOptionalAction, default=None,
+                   help="start each verification's worker ahead of need (default: on with --device cuda, as sweeps)")
+    r.add_argument("--retime-rounds", type=int, default=5,
+                   help="interleaved rounds of the paired re-timing of each unit's final kernels (default 5)")
+    r.add_argument("--no-retime", action="store_true", help="skip the paired re-timing (the verdicts then need it)")
+    r.add_argument("--no-dedupe", action="store_true",
+                   help="verify every submission, even a kernel this run has verified already")
     r.add_argument("--api-key", help="for openai: servers (default MKB_OPENAI_API_KEY)")
     r.add_argument("--rerun-stale", action="store_true", help="rerun finished trials whose problem/prompt/skill changed")
     r.add_argument("--dry-run", action="store_true", help="print the plan and stop")

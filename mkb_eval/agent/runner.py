@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import json
+import threading
 import traceback
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -46,8 +48,14 @@ class VerificationPool:
     """
 
     def __init__(self, tier: str, workers: int, gpus: int = 0, verify_fn: Verify | None = None,
-                 limits: Any = None, warm: bool = False) -> None:
+                 limits: Any = None, warm: bool = False, verify_kwargs: dict[str, Any] | None = None,
+                 dedupe: bool = False) -> None:
         real = verify_fn is None
+        self._kwargs = dict(verify_kwargs or {})
+        self._dedupe = dedupe
+        self._memo: dict[tuple[str, str, str, str], Future[dict[str, Any]]] = {}
+        self._memo_lock = threading.Lock()
+        self.reused = 0
         if verify_fn is None:
             from mkb_eval.harness.verify import verify as verify_fn
         if tier == "gpu" and gpus < 1:
@@ -71,6 +79,7 @@ class VerificationPool:
 
     def _run(self, problem: P.Problem, dsl: str, kernel: Path) -> dict[str, Any]:
         kw: dict[str, Any] = {"limits": self._limits} if self._limits is not None else {}
+        kw.update(self._kwargs)
         if self._warm is not None:
             kw["pool"] = self._warm
         if self._lanes is None:
@@ -79,7 +88,46 @@ class VerificationPool:
             return self._verify(problem, dsl, kernel, tier="gpu", gpu=lane.index, lane=lane, **kw).to_dict()
 
     def submit(self, problem: P.Problem, dsl: str, kernel: Path) -> Future[dict[str, Any]]:
-        return self._pool.submit(self._run, problem, dsl, kernel)
+        """The kernel's verification record. With ``dedupe`` a kernel already verified (or being verified) in
+        this run for the same problem, DSL and tier is not verified again: its record is handed back,
+        flagged ``verification_reused`` (an A/A run's arms submit the same kernel; the paired verdict
+        rests on the re-timing, which times each arm's kernel on its own)."""
+        if not self._dedupe:
+            return self._pool.submit(self._run, problem, dsl, kernel)
+        try:
+            sha = hashlib.sha256(Path(kernel).read_text(errors="replace").encode()).hexdigest()
+        except OSError:
+            return self._pool.submit(self._run, problem, dsl, kernel)
+        key = (problem.hash, dsl, sha, self.tier)
+        with self._memo_lock:
+            first = self._memo.get(key)
+            if first is None:
+                self._memo[key] = fut = self._pool.submit(self._run, problem, dsl, kernel)
+                return fut
+            self.reused += 1
+        copy: Future[dict[str, Any]] = Future()
+
+        def hand_on(f: Future[dict[str, Any]]) -> None:
+            err = f.exception()
+            if err is not None:
+                copy.set_exception(err)
+                return
+            rec = json.loads(json.dumps(f.result(), default=str))
+            rec["flags"] = [*rec.get("flags", []), "verification_reused"]
+            copy.set_result(rec)
+
+        first.add_done_callback(hand_on)
+        return copy
+
+    @property
+    def lanes(self) -> Any:
+        """The GPU lanes (None on the CPU tier)."""
+        return self._lanes
+
+    @property
+    def warm(self) -> Any:
+        """The warm pool (None without warm workers)."""
+        return self._warm
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
@@ -121,13 +169,15 @@ class Runner:
 
     def __init__(self, store: RunStore, backend: Backend, problems: dict[int, P.Problem], planned: list[Planned],
                  stamps: dict[int, Stamps], *, budget: Budget, sampling: Sampling, tier: str, pool: VerificationPool,
-                 progress: ProgressView | None = None, max_batch: int = 64) -> None:
+                 progress: ProgressView | None = None, max_batch: int = 64, retimer: Any = None) -> None:
         self.store, self.backend, self.problems = store, backend, problems
         self.stamps, self.budget, self.sampling, self.tier, self.pool = stamps, budget, sampling, tier, pool
         self.progress = progress or ProgressView(enabled=False)
         self.max_batch = max_batch
         self.todo = [p.key for p in planned if p.status != REUSE]
         self.reused = {p.key for p in planned if p.status == REUSE}
+        self.keys = [p.key for p in planned]
+        self.retimer = retimer
         self.finished: dict[TrialKey, dict[str, Any]] = {}
         self.summary = RunSummary()
         self.settings = prompts.TaskSettings(
@@ -211,11 +261,21 @@ class Runner:
         self.finished[key] = rec
         self.summary.finished.append(rec)
         self.progress.finish(key.id, rec)
+        self._retime_ready({(key.problem_id, key.replicate)})
+
+    def _retime_ready(self, groups: set[tuple[int, int]] | None = None) -> None:
+        """Queue the re-timing of every group (problem, replicate) whose selected trials are all finished."""
+        if self.retimer is None:
+            return
+        from mkb_eval.agent.retiming import queue_ready
+
+        queue_ready(self.retimer, self.store, self.keys, groups, self.progress.note)
 
     # -- the loop --------------------------------------------------------------------------------
     def run(self) -> RunSummary:
         waiting = [k for k in self.todo]
         active: dict[TrialKey, TrialRun] = {}
+        self._retime_ready()            # groups finished by an earlier invocation (resume)
         with self.progress:
             while waiting or active:
                 for key in list(waiting):
@@ -238,6 +298,9 @@ class Runner:
                 for key in [k for k, r in active.items() if r.attempt and r.attempt.state == DONE]:
                     run = active.pop(key)
                     self._write_record(run, run.attempt)
+            if self.retimer is not None:
+                self.progress.note("waiting for the paired re-timing of the finished units ...")
+                self.retimer.wait()
         return self.summary
 
     def _generate_step(self, active: dict[TrialKey, TrialRun]) -> None:

@@ -7,7 +7,8 @@ import sys
 from pathlib import Path
 
 from mkb_eval.metrics.inputs import InputError
-from mkb_eval.metrics.paired import FLOOR, NOISE_MARGIN
+from mkb_eval.metrics.paired import FLOOR, NEUTRAL_BAND, NOISE_MARGIN, VERDICTS
+from mkb_eval.metrics.retimed import TIMERS
 from mkb_eval.metrics.stats import N_RESAMPLES, SEED
 from mkb_eval.report.build import build_report
 
@@ -21,10 +22,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--floor", type=float, default=FLOOR, help="speedup given to failures in ΔGM")
     ap.add_argument("--resamples", type=int, default=N_RESAMPLES, help="bootstrap resamples of problems")
     ap.add_argument("--seed", type=int, default=SEED, help="bootstrap seed")
+    ap.add_argument("--verdict", choices=VERDICTS, default=None,
+                    help="paired (re-timed pairs; the default when the run has retime.jsonl) or original (the paper's)")
+    ap.add_argument("--band", type=float, default=NEUTRAL_BAND, help="paired verdict: neutral band (relative)")
+    ap.add_argument("--timer", choices=TIMERS, default="kernel_ms", help="paired verdict: end-to-end or device time")
     args = ap.parse_args(argv)
     try:
         paths = build_report(args.run_dir, args.out, margin=args.margin, floor=args.floor,
-                             n_resamples=args.resamples, seed=args.seed)
+                             n_resamples=args.resamples, seed=args.seed, verdict=args.verdict, band=args.band,
+                             timer=args.timer)
     except (InputError, FileNotFoundError) as e:
         print(f"mkb report: {e}", file=sys.stderr)
         return 2

@@ -14,7 +14,7 @@ from typing import Any
 
 from mkb_eval.metrics.definitions import LEGEND
 from mkb_eval.metrics.inputs import read_attempts
-from mkb_eval.metrics.paired import FLOOR, NOISE_MARGIN
+from mkb_eval.metrics.paired import FLOOR, NEUTRAL_BAND, NOISE_MARGIN
 from mkb_eval.metrics.stats import N_RESAMPLES, SEED
 from mkb_eval.metrics.summary import score
 from mkb_eval.report import plots
@@ -52,14 +52,36 @@ def _plots(results: dict[str, Any]) -> dict[str, bytes]:
     }
 
 
+def verdict_line(results: dict[str, Any]) -> str:
+    """What decided helped / harmed: the paired verdict (band, rounds, timer, A/A floor) or the original."""
+    p = results["params"]
+    if p.get("verdict") != "paired":
+        return (f"Verdict: original (the benchmark's definition: tiers, then submission-time kernel times with a "
+                f"{p['margin']:g} margin; no paired re-timing in this run).")
+    timer = {"kernel_ms": "end-to-end time (kernel_ms, the benchmark's time; device time shown beside it)",
+             "device_ms": "device time (device_ms, the GPU's work without the host call path)"}[p["timer"]]
+    nf = p.get("noise_floor")
+    floor = (f"A/A noise floor on this GPU: 95% of identical pairs within ±{100 * nf['ratio_p95_abs_dev']:.2f}% "
+             f"over {nf['units']} units, false help {nf['false_help']}, false harm {nf['false_harm']} "
+             f"({nf['source']})") if nf and nf.get("ratio_p95_abs_dev") is not None else \
+        "A/A noise floor on this GPU: not measured (run scripts/aa_ab.py)"
+    rounds = ", ".join(str(r) for r in p.get("rounds") or []) or "none"
+    return (f"Verdict: paired (helped / harmed only when the 95% t interval of the re-timed speedup ratio lies "
+            f"outside the neutral band ±{100 * p['band']:g}%; {rounds} interleaved rounds; {timer}). {floor}.")
+
+
 def _summary_lines(run_dir: Path, results: dict[str, Any]) -> list[str]:
     o = results["overall"]
     p = results["params"]
     return [
+        verdict_line(results),
         f"Run: `{run_dir.name}`; models: {', '.join(results['models']) or 'none'}; "
         f"{results['n_records']} attempt records ({results['n_superseded']} superseded).",
         f"Units: {o['n_resolved']} resolved of {o['n_units']} ({o['n_unresolved_missing']} missing an attempt, "
-        f"{o['n_unresolved_error']} with an infrastructure error) over {o['n_problems']} problems.",
+        f"{o['n_unresolved_error']} with an infrastructure error"
+        + (f", {o['n_unresolved_unverified']} unverified (no GPU), {o['n_unresolved_not_retimed']} passed pairs "
+           "without a re-timing" if "n_unresolved_unverified" in o else "")
+        + f") over {o['n_problems']} problems.",
         f"Parameters: noise margin {p['margin']:g}, failure floor {p['floor']:g}, "
         f"{p['n_resamples']} bootstrap resamples of problems (seed {p['seed']}), {p['confidence']:.0%} intervals.",
     ]
@@ -111,16 +133,25 @@ def build_report(
     floor: float = FLOOR,
     n_resamples: int = N_RESAMPLES,
     seed: int = SEED,
+    verdict: str | None = None,
+    band: float = NEUTRAL_BAND,
+    timer: str = "kernel_ms",
 ) -> dict[str, Path]:
     """Score ``run_dir/attempts.jsonl`` and write report.md, report.html, results.json and plots/.
 
     ``out_dir`` defaults to ``run_dir/report``. Returns the written paths by kind ("markdown",
     "html", "json", and "plot_<name>" for each PNG). A record of a newer schema raises
-    SchemaVersionError; a missing attempts file raises FileNotFoundError.
+    SchemaVersionError; a missing attempts file raises FileNotFoundError. With a ``retime.jsonl`` in the
+    run folder the verdict is the paired one (unless ``verdict="original"``), else the original.
     """
     run_dir = Path(run_dir)
     out_dir = Path(out_dir) if out_dir is not None else run_dir / "report"
-    results = score(read_attempts(run_dir), margin=margin, floor=floor, n_resamples=n_resamples, seed=seed)
+    from mkb_eval.metrics.retimed import noise_floor, run_gpu, run_timings
+
+    timings = run_timings(run_dir, timer) if verdict != "original" else None
+    results = score(read_attempts(run_dir), margin=margin, floor=floor, n_resamples=n_resamples, seed=seed,
+                    verdict=verdict, timings=timings, band=band, timer=timer,
+                    noise_floor=noise_floor(run_gpu(run_dir)))
     tables = all_tables(results)
     pngs = _plots(results)
 
