@@ -276,6 +276,7 @@ def decide(event_ms: float, attested: Sequence[float], excess: Sequence[float], 
     """The verdict on a kernel's time from the worker's event median and the attested windows so far
     (the first, then a re-time): each suspicion is re-timed once before it rejects.
 
+    In this order (the first that stands names the verdict):
     - forged report: worker median < ``FORGERY_FACTOR`` x attested in every window → policy_violation
     - faster than physics: attested (the parent's clock) or the worker's device time below
       (1 - ``SOL_MARGIN``) x SOL, and the re-time stands → implausible_time
@@ -293,17 +294,17 @@ def decide(event_ms: float, attested: Sequence[float], excess: Sequence[float], 
     device_below = bool(bound and device_ms is not None and device_ms < bound)
     if len(attested) == 1 and (forged[0] or below[0] or (hidden and hidden[0]) or device_below):
         return TimingVerdict("retime", rec, a)
+    if all(forged):
+        return TimingVerdict("policy_violation", rec, a, ["timing_forgery"],
+                             f"the worker reported a median of {event_ms:.4f} ms, but the parent's clock saw "
+                             f"{', '.join(f'{x:.4f}' for x in attested)} ms per call in its timed windows "
+                             f"(below {FORGERY_FACTOR:.0%} of it: a forged report)")
     if bound and (below[-1] or device_below):
         what = (f"the parent-attested time {a:.4f} ms" if below[-1] else
                 f"the worker's device time {device_ms:.4f} ms")
         return TimingVerdict("implausible_time", rec, a, ["implausible_time"],
                              f"{what} is below {1 - SOL_MARGIN:.0%} of the problem's speed-of-light time "
                              f"{sol_ms:.4f} ms (re-timed: it stands)")
-    if all(forged):
-        return TimingVerdict("policy_violation", rec, a, ["timing_forgery"],
-                             f"the worker reported a median of {event_ms:.4f} ms, but the parent's clock saw "
-                             f"{', '.join(f'{x:.4f}' for x in attested)} ms per call in its timed windows "
-                             f"(below {FORGERY_FACTOR:.0%} of it: a forged report)")
     if hidden and all(hidden):
         return TimingVerdict("policy_violation", rec, a, ["timing_precompute"],
                              "the worker took longer before its timed window than making the inputs takes "

@@ -164,6 +164,7 @@ def attested_phase(w: Any, ref: Reference, events: dict[str, Any], calls: int, t
     eager_ms = max(eager_event, eager_att)
     t = Timing(kernel_ms=verdict.kernel_ms, worker_event_ms=event_ms, attested_ms=verdict.attested_ms,
                attested_windows_ms=[round(x, 5) for x in att], window_calls=calls,
+               prewindow_excess_ms=[round(e, 4) for e in exc],
                kernel_device_ms=device_ms, host_call_ms=events.get("host_call_ms"),
                cpu_probe_ms=events.get("cpu_probe_ms"),
                kernel_cv=float(statistics.pstdev(times) / statistics.mean(times)) if times else None,

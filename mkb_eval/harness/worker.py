@@ -114,8 +114,8 @@ class _Guard:
                                    getattr(fn, "__code__", None)))
         self.send_fn, self.send_code = Channel.send, Channel.send.__code__
 
-    def replaced(self) -> list[str]:
-        bad = []
+    def replaced(self, chan: Channel | None = None) -> list[str]:
+        bad = ["channel.send (on the instance)"] if chan is not None and "send" in vars(chan) else []
         for label, owner, name, fn, code in self.items:
             now = getattr(owner, name, None)
             if now is not fn or (code is not None and getattr(now, "__code__", None) is not code):
@@ -152,7 +152,7 @@ def main(argv: list[str]) -> int:
     stage = "start"
 
     def report(**kw: Any) -> None:                 # progress and final messages carry the worker's CPU seconds
-        bad = GUARD.replaced()
+        bad = GUARD.replaced(chan)
         if bad:                                    # evidence: say so through the captured send, then stop
             GUARD.send(chan, kind="final", status="policy_violation", stage=stage, flags=["harness_patch"],
                        message=f"harness functions replaced in the worker ({', '.join(bad[:8])})",
