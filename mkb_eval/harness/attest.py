@@ -362,8 +362,6 @@ def calibrate_window(fn: Callable[..., Any], make: Callable[[int], list[Any]], s
                      sync: Callable[[], None]) -> WindowCalibration:
     """The trusted side's window on the same seeds: make time (and its host part), the reference's own
     attested per-call time, and the commitment's marginal cost per call on outputs just written."""
-    import torch
-
     from mkb_eval.harness.tensors import snapshot, walk
     from mkb_eval.harness.timing import collector_paused
 
@@ -411,8 +409,6 @@ def calibrate_window(fn: Callable[..., Any], make: Callable[[int], list[Any]], s
         combine(parts, key)
         comb = time.perf_counter() - s
         del outs, parts
-        if torch.cuda.is_available():
-            sync()
     k = len(seeds)
     commit = max(0.0, (with_sums - without) / k) + comb / k
     window = t4 - t3

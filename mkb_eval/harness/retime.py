@@ -214,7 +214,10 @@ def _one_window(side: _Side, r: int, pos: int, warmup: int, draws: int, calls: i
     if side.failed:
         return failed(side.failed, side.message)
     w = side.worker
-    w.gate.send_op(op="events", warmup_seeds=timed.seeds(warmup), timing_seeds=timed.seeds(draws), device=True)
+    try:
+        w.gate.send_op(op="events", warmup_seeds=timed.seeds(warmup), timing_seeds=timed.seeds(draws), device=True)
+    except OSError:
+        pass                              # the worker is gone: waiting below says how
     seen = side.events_seen
     ev, how = w.wait_for(("events", "final"), limits.timing_s,
                          unless=lambda m: m.get("stage") == "events" and int(m.get("n", 0)) <= seen)

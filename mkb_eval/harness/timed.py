@@ -36,6 +36,14 @@ def seeds(n: int) -> list[int]:
     return [secrets.randbits(63) for _ in range(n)]
 
 
+def _send(w: Any, **op: Any) -> int:
+    """Send one operation to the worker; its send time (a worker that is gone ends the window)."""
+    try:
+        return w.gate.send_op(**op)
+    except OSError:
+        raise WindowFailed(None, "the worker ended during the timed phase") from None
+
+
 def _reply(w: Any, timeout: float) -> tuple[bytes, int]:
     """The worker's next packet on its gate, watching its caps and its exit meanwhile."""
     deadline = time.monotonic() + timeout
@@ -66,12 +74,12 @@ def _error_of(data: bytes) -> str:
 def run_window(w: Any, calls: int, tag: str, timeout: float, rechecks: int = attest.WINDOW_RECHECKS) -> WindowStamps:
     """One attested window of worker ``w`` (see :mod:`attest`): prep, seeds, ``R``, digests, then the
     ``rechecks`` outputs chosen now, at random, saved by the worker as ``<out>/<tag>_<i>.pt``."""
-    w.gate.send_op(op="prep", calls=calls)
+    _send(w, op="prep", calls=calls)
     data, _ = _reply(w, timeout)
     if data != attest.PREPPED:
         raise WindowFailed("runtime_error", "timed window: " + _error_of(data))
     win_seeds, key = seeds(calls), secrets.randbits(63)
-    sent = w.gate.send_op(op="window", seeds=win_seeds, key=key, tag=tag)
+    sent = _send(w, op="window", seeds=win_seeds, key=key, tag=tag)
     data, ready = _reply(w, timeout)
     if data != attest.READY:
         raise WindowFailed("runtime_error", "timed window: " + _error_of(data))
@@ -84,7 +92,7 @@ def run_window(w: Any, calls: int, tag: str, timeout: float, rechecks: int = att
     if not ok:
         raise WindowFailed("runtime_error", "timed window: " + _error_of(data))
     which = sorted(secrets.SystemRandom().sample(range(calls), min(rechecks, calls)))
-    w.gate.send_op(op="save", which=which, tag=tag)
+    _send(w, op="save", which=which, tag=tag)
     data, _ = _reply(w, timeout)
     if data != attest.SAVED:
         raise WindowFailed("runtime_error", "saving the timed window's outputs: " + _error_of(data))
@@ -95,8 +103,8 @@ def run_window(w: Any, calls: int, tag: str, timeout: float, rechecks: int = att
 def finish(w: Any, timeout: float = 10.0) -> None:
     """Tell the worker the timed phase is over and give it a moment for its final message."""
     try:
-        w.gate.send_op(op="end")
-    except OSError:
+        _send(w, op="end")
+    except WindowFailed:
         return
     w.wait_for(("final",), timeout)
 

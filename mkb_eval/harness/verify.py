@@ -573,7 +573,10 @@ def _timed_phase(rec: VerificationRecord, prob: P.Problem, judge: Any, job: dict
 
     warmup, timing_seeds = timed.seeds(WARMUP_DRAWS), timed.seeds(TIMING_DRAWS)
     t0 = time.perf_counter()
-    w.gate.send_op(op="events", warmup_seeds=warmup, timing_seeds=timing_seeds, device=True)   # the timing gate
+    try:                                  # the timing gate: the event draws' seeds reach the worker only now
+        w.gate.send_op(op="events", warmup_seeds=warmup, timing_seeds=timing_seeds, device=True)
+    except OSError:
+        pass                              # the worker is gone: waiting below says how
     ev, how = w.wait_for(("events", "final"), limits.timing_s)
     rec.stages_s["worker_timing"] = round(time.perf_counter() - t0, 3)
     if not ev or ev.get("kind") == "final":

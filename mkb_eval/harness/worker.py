@@ -185,8 +185,7 @@ def run(job: dict[str, Any], chan: Channel, progress: Any) -> dict[str, Any]:
     import torch
     import torch._dynamo  # noqa: F401 - rewraps torch.manual_seed (lazily, e.g. on the first profiler use): before capturing
 
-    from mkb_eval.harness import observe, tensors
-    from mkb_eval.harness import attest
+    from mkb_eval.harness import attest, observe, tensors
     from mkb_eval.harness.timing import Clock, cpu_probe_ms, stream_time_ms, time_draws
 
     tools = _Tools(time_draws, stream_time_ms, cpu_probe_ms, attest.worker_window, attest.warm_allocator,

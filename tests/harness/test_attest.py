@@ -297,3 +297,43 @@ def test_round_orders_alternate_and_balance_positions():
     assert all(sorted(x) == ["a", "b", "c", "d"] for x in o)
     first = statistics.mean(o[r].index("a") for r in range(6))
     assert first == pytest.approx(1.5)                       # a pair of rounds puts a label early and late
+
+
+@pytest.mark.parametrize("forge", [1.0, 0.1])
+def test_the_attested_phase_records_what_the_parent_saw_and_rejects_a_forged_report(tmp_path, monkeypatch, forge):
+    """The parent's whole timed phase against a worker thread: the worker's event report scaled by
+    ``forge`` on its way (a patched channel); honest, the record is ok with kernel_ms = max(event,
+    attested); forged 10x, the re-time confirms it and the verdict is policy_violation."""
+    p = P.find(28)
+    judge = Judge(p, "smoke", "cpu")
+    mod = P.load_module(p)
+
+    def solve(h, r, w):
+        time.sleep(0.003)
+        return mod.reference(h, r, w)
+
+    fw = _FakeWorker(tmp_path, solve, judge.inputs)
+    fw.msgs = type("Forging", (list,), {"append": lambda self, m: list.append(self, {
+        **m, **({"times_ms": [t * forge for t in m["times_ms"]]} if "times_ms" in m else {})})})()
+    ref = timed.Reference(p, "smoke", judge)
+    monkeypatch.setattr(timed.Reference, "event_ms", lambda self, warmup, timing, compiled=False: 0.5)
+    try:
+        fw.gate.send_op(op="events", warmup_seeds=[1], timing_seeds=[2, 3, 4], device=True)
+        ev, _ = fw.wait_for(("events",), 30)
+        stages = {}
+        res = timed.attested_phase(fw, ref, ev, 4, 30, lambda measure: measure(), stages, sol_ms=None,
+                                   n_warmup=1, n_timed=3, warmup=[1], timing=[2, 3, 4])
+        t = res.timing
+        assert t.eager_event_ms == 0.5 and t.eager_ms == max(0.5, t.eager_attested_ms)
+        assert t.window_calls == 4 and t.attested_ms >= 2.5 and len(t.prewindow_excess_ms) == len(res.windows)
+        assert t.kernel_ms == max(t.worker_event_ms, t.attested_ms) and "attested_window" in stages
+        if forge == 1.0:
+            assert res.verdict.status == "ok" and len(res.windows) == 1
+        else:
+            assert res.verdict.status == "policy_violation" and res.verdict.flags == ["timing_forgery"]
+            assert len(res.windows) == 2 and "retime" in stages          # re-timed before it rejected
+            assert t.kernel_ms == t.attested_ms                           # the forged median was not recorded
+        assert timed.judge_windows(judge, res.windows, tmp_path) is None
+        timed.finish(fw, timeout=0.1)
+    finally:
+        fw.gate.close()
