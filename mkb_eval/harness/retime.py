@@ -114,6 +114,8 @@ def retime(problem: P.Problem | str | int, kernels: dict[str, tuple[str, Path]],
 def _retime_gpu(prob: P.Problem, kernels: dict[str, tuple[str, Path]], orders: list[list[str]], warmup: int,
                 draws: int, gpu: int, lane: Any, limits: Any, pool: Any, env: dict, stages: dict[str, float],
                 t_start: float) -> RetimeResult:
+    import torch
+
     from mkb_eval.harness import verify as V
     from mkb_eval.harness.judge import Judge
     from mkb_eval.harness.lanes import GpuLane
@@ -144,8 +146,8 @@ def _retime_gpu(prob: P.Problem, kernels: dict[str, tuple[str, Path]], orders: l
                 _sanity(side, jobs[side.label], judge, lane, limits)
         stages["start_and_check"] = round(time.perf_counter() - t0, 3)
         t0 = time.perf_counter()
-        l2 = int(getattr(__import__("torch").cuda.get_device_properties(gpu), "L2_cache_size", 0) or 0)
-        calls = attest.window_calls(*(judge.io_bytes or (0, 0)), l2)
+        l2 = int(getattr(torch.cuda.get_device_properties(gpu), "L2_cache_size", 0) or 0)
+        calls = attest.window_calls(*judge.io_bytes, l2) if judge.io_bytes else attest.WINDOW_CALLS
         cpu = next((j["timing_cpu"] for j in jobs.values()), None)
         ref = timed.Reference(prob, "full", judge, lane.timer, cpu)
         with lane.exclusive():

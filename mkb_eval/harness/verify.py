@@ -583,7 +583,7 @@ def _timed_phase(rec: VerificationRecord, prob: P.Problem, judge: Any, job: dict
         _fail_from_worker(rec, w, how, limits.timing_s)
         return None
     l2 = int(getattr(torch.cuda.get_device_properties(gpu), "L2_cache_size", 0) or 0)
-    calls = attest.window_calls(*(judge.io_bytes or (0, 0)), l2)
+    calls = attest.window_calls(*judge.io_bytes, l2) if judge.io_bytes else attest.WINDOW_CALLS
     ref = timed.Reference(prob, size, judge, lane.timer, job["timing_cpu"])
 
     def eager(measure: Callable[[], float]) -> float:
