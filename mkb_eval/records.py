@@ -17,21 +17,29 @@ from typing import Any
 
 SCHEMA_VERSION = 1
 
-# closed status set of one verification
+# closed status set of one verification; implausible_time: a time below the problem's speed-of-light
+# bound (beyond the SOL model's margin) that stood a re-time under the parent's clock
 STATUSES = ("ok", "incorrect", "compile_error", "runtime_error", "timeout", "crashed", "policy_violation",
-            "no_dsl_kernel", "unverified")
+            "no_dsl_kernel", "implausible_time", "unverified")
 
 
 @dataclass
 class Timing:
     """Milliseconds unless named otherwise; speedups are eager / kernel."""
 
-    kernel_ms: float | None = None          # median end-to-end, device-wide sync inside the events
+    kernel_ms: float | None = None          # recorded: max(worker_event_ms, attested_ms), never faster than the parent saw
+    worker_event_ms: float | None = None    # the worker's median end-to-end, device-wide sync inside the events
+    attested_ms: float | None = None        # per call in the parent-clocked window (last window, if re-timed)
+    attested_windows_ms: list[float] = field(default_factory=list)   # every attested window, in order
+    window_calls: int = 0                   # calls per attested window
+    prewindow_excess_ms: list[float] = field(default_factory=list)   # per window: time before it beyond the allowance
     kernel_device_ms: float | None = None   # GPU time on the call's stream, host path excluded
     host_call_ms: float | None = None       # median time until solve returned in the timed draws (host path)
     cpu_probe_ms: float | None = None       # fixed interpreter work on the timing core, before/after timing (slower one)
     kernel_cv: float | None = None
-    eager_ms: float | None = None
+    eager_ms: float | None = None           # max(eager_event_ms, eager_attested_ms): the kernel's rule
+    eager_event_ms: float | None = None
+    eager_attested_ms: float | None = None
     compile_ms: float | None = None         # torch.compile baseline
     compile_cached: bool = False
     speedup: float | None = None            # eager_ms / kernel_ms

@@ -314,7 +314,8 @@ STAGES = (("worker_start", "worker start and imports (warm: taking a started wor
           ("first_call_s", "first call (compile and launch)"), ("correctness_draws_s", "correctness draws"),
           ("compile_lane_wait", "waiting for the GPU after compiling"), ("judge_correctness", "judging correctness"),
           ("lane_step_aside", "stepping aside for other timed phases"), ("timing_lane_wait", "waiting to time"),
-          ("worker_timing", "timing"), ("eager_baseline", "eager baseline"), ("compile_baseline", "torch.compile baseline"),
+          ("worker_timing", "timing"), ("attested_window", "attested window"),
+          ("eager_baseline", "eager baseline and its window"), ("retime", "re-timed window"), ("compile_baseline", "torch.compile baseline"),
           ("recheck_lane_wait", "waiting to recheck"), ("judge_rechecks", "rechecking timed outputs"), ("total", "total, one evaluation"),
           ("worker_cpu_before_job_s", "worker CPU s before its job (start and imports)"),
           ("worker_cpu_s", "worker CPU s in all (all its threads)"))

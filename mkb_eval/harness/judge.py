@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from mkb_eval.harness import tensors
+from mkb_eval.harness import attest, tensors
 from mkb_eval.harness.timing import Clock, TimingResult, time_draws
 from mkb_eval.harness.tolerance import Mismatch, compare, reference_numerics, run_reference
 from mkb_eval.problems import Problem, load_module
@@ -50,6 +50,7 @@ class Judge:
         self.module = load_module(problem)
         self.size = size
         self.device = device
+        self.io_bytes: tuple[int, int] | None = None     # (input, reference output) bytes of one draw
         _load_linalg(device)
 
     def _current(self) -> Any:
@@ -68,12 +69,15 @@ class Judge:
         anchor = run_reference(self.module.reference, inputs, anchored=True)
         return ref, anchor
 
-    def check(self, seed: int, out_path: Path, worker_digests: list[Any] | None = None) -> Mismatch | None:
-        """Judge one saved output of the candidate against the reference for ``seed``."""
+    def check(self, seed: int, out_path: Path, worker_digests: list[Any] | None = None,
+              commitment: list[list[int]] | None = None, key: int = 0) -> Mismatch | None:
+        """Judge one saved output of the candidate against the reference for ``seed`` (and, for a timed
+        window's output, against the digest committed at the window's end under ``key``)."""
         with self._current():
-            return self._check(seed, out_path, worker_digests)
+            return self._check(seed, out_path, worker_digests, commitment, key)
 
-    def _check(self, seed: int, out_path: Path, worker_digests: list[Any] | None) -> Mismatch | None:
+    def _check(self, seed: int, out_path: Path, worker_digests: list[Any] | None,
+               commitment: list[list[int]] | None = None, key: int = 0) -> Mismatch | None:
         inputs = self.inputs(seed)
         if worker_digests is not None:
             for pos, (after, before) in enumerate(zip(worker_digests, tensors.digests(inputs))):
@@ -84,7 +88,14 @@ class Judge:
             return Mismatch("output", "the worker saved no output for this draw")
         out = tensors.to_device(tensors.load(out_path), self.device)
         ref, anchor = self.expected(inputs)
-        return compare(out, ref, anchor, self.problem.tolerance_factor)
+        if self.io_bytes is None:
+            self.io_bytes = (sum(t.numel() * t.element_size() for t in tensors.walk(inputs)),
+                             sum(t.numel() * t.element_size() for t in tensors.walk(ref)))
+        bad = compare(out, ref, anchor, self.problem.tolerance_factor)
+        if bad is None and commitment is not None and attest.digest(out, key) != commitment:
+            return Mismatch("output", "changed after the timed window: it does not match the digest the worker "
+                                      "committed to when the window ended")
+        return bad
 
     def time_reference(self, warmup: list[int], timing: list[int], compiled: bool = False) -> tuple[TimingResult, float]:
         """Eager (or torch.compile) reference timed with the candidate's procedure; (result, setup s).
@@ -113,6 +124,16 @@ class Judge:
         with reference_numerics(), torch.no_grad():
             res = time_draws(fn, self.inputs, warmup, timing, Clock(), dev)
         return res, setup
+
+
+    def time_window(self, seeds: list[int], key: int) -> attest.WindowCalibration:
+        """The eager reference's attested window on ``seeds`` (:func:`attest.calibrate_window`): the
+        trusted make and commitment costs the worker's window is measured against."""
+        with self._current():
+            dev = torch.device(self.device)
+            sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
+            with reference_numerics(), torch.no_grad():
+                return attest.calibrate_window(self.module.reference, self.inputs, seeds, key, sync)
 
 
 def baseline_key(problem_hash: str, size: str, env: dict[str, Any]) -> str:

@@ -12,7 +12,9 @@ a time while the parent holds that GPU's lane exclusively.
 
 Protocol: a JSON request per line on stdin, ``{"problem", "size", "warmup", "timing",
 "compiled", "cpu"}``; a JSON reply per line on stdout, ``{"median_ms", "setup_s"}`` or
-``{"error"}``. End of stdin ends the child, so it never outlives its parent.
+``{"error"}``. A request with ``"op": "window"`` and ``{"seeds", "key"}`` runs the reference's
+attested window instead (:func:`mkb_eval.harness.attest.calibrate_window`) and replies
+``{"window": {...}}``. End of stdin ends the child, so it never outlives its parent.
 """
 
 from __future__ import annotations
@@ -25,9 +27,11 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from mkb_eval.harness.attest import WindowCalibration
 from mkb_eval.harness.lanes import physical_gpu
 from mkb_eval.harness.sandbox import own_code_env
 
@@ -97,20 +101,33 @@ class ReferenceTimer:
         """(median ms, setup s) of the reference timed like a candidate: see ``Judge.time_reference``."""
         request = {"problem": str(problem), "size": size, "warmup": list(warmup), "timing": list(timing),
                    "compiled": bool(compiled), "cpu": cpu}
+        reply = self._request(request)
+        return float(reply["median_ms"]), float(reply.get("setup_s", 0.0))
+
+    def window(self, problem: str | Path, size: str, seeds: list[int], key: int,
+               cpu: int | None = None) -> WindowCalibration:
+        """The reference's attested window on ``seeds``, timed here: see ``Judge.time_window``."""
+        request = {"op": "window", "problem": str(problem), "size": size, "seeds": [int(x) for x in seeds],
+                   "key": int(key), "cpu": cpu}
+        return WindowCalibration.from_dict(self._request(request)["window"])
+
+    def _request(self, request: dict[str, Any]) -> dict[str, Any]:
+        """The reply to ``request``; a process that died is restarted and asked once more, and one that
+        answered with an error is replaced for the next request (fresh CUDA context and memory)."""
         with self._lock:
             reply = self._ask(request)
-            if reply is None:                 # died (killed, or a crash in an earlier request): once more
+            if reply is None:
                 died = self._stderr_tail()
                 self._restart()
                 reply = self._ask(request)
                 if reply is None:
                     raise ChildProcessError(f"reference timer for GPU {self.gpu} exited twice; its stderr: "
                                             f"{self._stderr_tail() or died or '(empty)'}")
-        if "error" in reply:          # the next request gets a fresh process (and CUDA context, and memory)
+        if "error" in reply:
             with self._lock:
                 self._restart()
-            raise RuntimeError(f"timing the reference of {Path(problem).name}: {reply['error']}")
-        return float(reply["median_ms"]), float(reply.get("setup_s", 0.0))
+            raise RuntimeError(f"timing the reference of {Path(request['problem']).name}: {reply['error']}")
+        return reply
 
     def close(self) -> None:
         proc, self._proc = self._proc, None
@@ -152,8 +169,13 @@ def main() -> int:
                 judges.clear()
                 judges[key] = Judge(load_problem(req["problem"]), req["size"], "cuda:0")
             with pinned(None if req.get("cpu") is None else int(req["cpu"])):      # this thread, this request
-                res, setup = judges[key].time_reference(req["warmup"], req["timing"], compiled=bool(req["compiled"]))
-            reply: dict[str, Any] = {"median_ms": res.median_ms, "setup_s": setup}
+                if req.get("op") == "window":
+                    cal = judges[key].time_window(req["seeds"], int(req["key"]))
+                    reply: dict[str, Any] = {"window": asdict(cal)}
+                else:
+                    res, setup = judges[key].time_reference(req["warmup"], req["timing"],
+                                                            compiled=bool(req["compiled"]))
+                    reply = {"median_ms": res.median_ms, "setup_s": setup}
         except Exception as e:  # noqa: BLE001 - every failure is the parent's to report
             reply = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-3000:]}
         if torch.cuda.is_initialized():

@@ -1,8 +1,10 @@
 """Verify one kernel against one problem: the orchestration of worker (untrusted) and judge (trusted).
 
 GPU tier: static policy → worker phase 1 (5 secret-seed draws + the DSL-dependence draw) →
-judge → worker phase 2 (10 warmup + 50 timed draws) → judge the 3 random rechecks → eager and
-torch.compile baselines on the same GPU → record. CPU tier: static policy, the reference at smoke
+judge → worker phase 2 under the GPU's exclusive lane: 10 warmup + 50 event-timed draws (their seeds
+sent at the timing gate), then a parent-attested window (:mod:`mkb_eval.harness.attest`) and the eager
+baseline with its own window → the timing verdict (re-timed once when in doubt) → torch.compile
+baseline → judge the 3 window outputs chosen after the window → record. CPU tier: static policy, the reference at smoke
 size, and a compile-only run of the candidate; what needs a GPU is marked ``unverified``.
 """
 
@@ -28,7 +30,8 @@ from typing import Any
 
 from mkb_eval import problems as P
 from mkb_eval.env import describe
-from mkb_eval.harness import cores
+from mkb_eval.harness import attest, cores, timed
+from mkb_eval.harness.attest import GateSocket
 from mkb_eval.harness.channel import read_messages
 from mkb_eval.harness.forkserver import ForkServer, killpg
 from mkb_eval.harness.lanes import GpuLane, physical_gpu
@@ -40,10 +43,10 @@ from mkb_eval.records import Timing, VerificationRecord
 CORRECTNESS_DRAWS = 5
 WARMUP_DRAWS = 10
 TIMING_DRAWS = 50
-RECHECKS = 3
+RECHECKS = attest.WINDOW_RECHECKS   # outputs of the attested window re-checked, chosen after it
 REUSE_DRAWS = (2, 4)           # correctness draws that refill the previous draw's buffers
 OUTPUT_TAIL = 4000
-SOL_SLACK = 0.9                # faster than 90% of the speed-of-light time is implausible
+SOL_SLACK = 1 - attest.SOL_MARGIN   # faster than 90% of the speed-of-light time is implausible
 _SECRET_ENV = ("TOKEN", "SECRET", "PASSWORD", "API_KEY", "ACCESS_KEY", "CREDENTIAL")
 
 
@@ -99,7 +102,8 @@ class _Worker:
         self.server = server
         self.sentinel = secrets.token_hex(16)
         self.channel = root / "channel"
-        self.gate_r, self.gate_w = os.pipe()
+        self.gate = GateSocket()               # lane gates and timing ops out, window replies in (stamped)
+        self.gate_r = self.gate.child_fd()
         ready_w, self._ready_r = -1, None
         if preload:                            # the worker writes a byte here once its imports are done
             self._ready_r, ready_w = os.pipe()
@@ -124,7 +128,8 @@ class _Worker:
                                                   stdin)
                 except RuntimeError:           # the server ended: nothing of this worker may stay open
                     stdin.close()
-                    for fd in (self.gate_r, self.gate_w, ready_w, self._ready_r):
+                    self.gate.close()
+                    for fd in (ready_w, self._ready_r):
                         if fd is not None and fd >= 0:
                             os.close(fd)
                     self.sandbox.cleanup()
@@ -136,7 +141,7 @@ class _Worker:
                     [sys.executable, "-m", "mkb_eval.harness.worker", "-"], cwd=root / "work", env=env,
                     stdin=subprocess.PIPE, stdout=so, stderr=se, start_new_session=True,
                     pass_fds=(self.gate_r,) + ((ready_w,) if preload else ()), preexec_fn=self.sandbox.preexec)
-        os.close(self.gate_r)
+        self.gate.close_child()
         if preload:
             os.close(ready_w)
 
@@ -237,7 +242,7 @@ class _Worker:
 
     def open_gate(self, go: bool) -> None:
         try:
-            os.write(self.gate_w, b"go" if go else b"stop")
+            self.gate.send(b"go" if go else b"stop")
         except OSError:
             pass
 
@@ -262,12 +267,12 @@ class _Worker:
         if self.leftover:                      # a child outlived the group kill: try once more
             self.kill_group()
         with self._ready_lock:
-            for fd in (self.gate_w, self._ready_r):
-                try:
-                    if fd is not None:
-                        os.close(fd)
-                except OSError:
-                    pass
+            self.gate.close()
+            try:
+                if self._ready_r is not None:
+                    os.close(self._ready_r)
+            except OSError:
+                pass
             self._ready_r = None
 
     def facts(self) -> dict[str, str]:
@@ -371,14 +376,17 @@ def verify_source(problem: P.Problem | str | int, dsl: str, source: str, **kwarg
 
 
 def _job(prob: P.Problem, dsl: str, root: Path, tier: str, size: str, device: str, gpu: int = 0,
-         user: str | None = None) -> dict[str, Any]:
+         user: str | None = None, mode: str = "verify") -> dict[str, Any]:
+    """What a worker gets at start: correctness seeds only. The timed draws' seeds come through the
+    gate at the timing gate and each attested window's with it; re-checks are chosen after the window.
+    ``mode="retime"``: one correctness draw and no DSL-dependence draw (the kernel was verified before)."""
     timing_cpu, work_cpus = _cores(gpu) if tier == "gpu" else (None, None)
+    n = 1 if mode == "retime" else CORRECTNESS_DRAWS
     return {"problem_dir": str(_worker_path(prob.path, user)), "dsl": dsl, "tier": tier, "size": size, "device": device,
             "kernel_path": str(root / "work" / "kernel.py"), "out_dir": str(root / "out"), "dump_dir": str(root / "dump"),
-            "correctness_seeds": [_seed() for _ in range(CORRECTNESS_DRAWS)], "reuse_draws": list(REUSE_DRAWS),
-            "nodsl_seed": _seed(), "warmup_seeds": [_seed() for _ in range(WARMUP_DRAWS)],
-            "timing_seeds": [_seed() for _ in range(TIMING_DRAWS)],
-            "recheck": sorted(secrets.SystemRandom().sample(range(TIMING_DRAWS), RECHECKS)),
+            "mode": mode, "correctness_seeds": [_seed() for _ in range(n)],
+            "reuse_draws": list(REUSE_DRAWS) if mode == "verify" else [],
+            "nodsl_seed": _seed() if mode == "verify" else None,
             "timing_cpu": timing_cpu, "work_cpus": work_cpus}
 
 
@@ -509,15 +517,14 @@ def _run_gpu(rec: VerificationRecord, prob: P.Problem, dsl: str, w: _Worker, siz
         t0 = time.perf_counter()
         with lane.exclusive():
             rec.stages_s["timing_lane_wait"] = round(time.perf_counter() - t0, 3)
-            w.open_gate(True)
-            t0 = time.perf_counter()
-            fin, how = w.wait_for(("final",), limits.timing_s)
-            rec.stages_s["worker_timing"] = round(time.perf_counter() - t0, 3)
-            if not fin or fin["status"] != "timed":
-                _fail_from_worker(rec, w, how, limits.timing_s)
+            outcome = _timed_phase(rec, prob, judge, job, w, size, gpu, lane, limits, cache_dir, reuse_eager)
+            if outcome is None:
                 return
+            timed.finish(w)
             w.kill()
-            timing = _baselines(rec, prob, judge, job, size, fin, compile_baseline, cache_dir, reuse_eager, lane.timer)
+            _compile_baseline(rec, prob, size, outcome.timing, compile_baseline, cache_dir,
+                              timed.Reference(prob, size, judge, lane.timer, job["timing_cpu"]), outcome.warmup,
+                              outcome.timing_seeds)
     finally:
         w.kill()
         rec.stdout_tail, rec.stderr_tail = _tail(w.stdout), _tail(w.stderr)
@@ -527,15 +534,94 @@ def _run_gpu(rec: VerificationRecord, prob: P.Problem, dsl: str, w: _Worker, siz
     held.acquire()
     try:
         rec.stages_s["recheck_lane_wait"] = round(held.waited, 3)
-        if not _judge_rechecks(rec, judge, job, out, between=held.step_aside):
-            return
+        t0 = time.perf_counter()
+        bad = timed.judge_windows(judge, outcome.windows, out, between=held.step_aside)
+        rec.stages_s["judge_rechecks"] = round(time.perf_counter() - t0, 3)
     finally:
         held.release()
         rec.stages_s["lane_step_aside"] = round(held.stepped_aside, 3)     # phase 1 and rechecks
-    rec.timing = timing
+    rec.timing = outcome.timing
+    if bad:
+        rec.status, rec.stage, rec.message = "incorrect", "timing_recheck", bad
+        return
+    v = outcome.verdict
+    rec.flags = sorted(set(rec.flags) | set(v.flags))
+    if v.status != "ok":
+        rec.status, rec.stage, rec.message = v.status, "timing_verdict", v.message
+        return
+    timing = outcome.timing
     rec.status, rec.stage = "ok", "done"
-    rec.message = (f"passed {CORRECTNESS_DRAWS} draws + {RECHECKS} timed rechecks; {timing.kernel_ms:.4f} ms vs eager "
+    n_checked = sum(len(win.saved) for win in outcome.windows)
+    rec.message = (f"passed {CORRECTNESS_DRAWS} draws + {n_checked} re-checked window outputs; {timing.kernel_ms:.4f} ms "
+                   f"(attested {timing.attested_ms:.4f}, worker {timing.worker_event_ms:.4f}) vs eager "
                    f"{timing.eager_ms:.4f} ms ({timing.speedup:.2f}x)")
+
+
+@dataclass
+class _Outcome(timed.TimedOutcome):
+    warmup: list[int] = field(default_factory=list)
+    timing_seeds: list[int] = field(default_factory=list)
+
+
+def _timed_phase(rec: VerificationRecord, prob: P.Problem, judge: Any, job: dict[str, Any], w: _Worker, size: str,
+                 gpu: int, lane: GpuLane, limits: Limits, cache_dir: Path, reuse_eager: bool) -> _Outcome | None:
+    """Inside the exclusive lane: the timing gate with the event draws' seeds, the worker's event report,
+    then :func:`timed.attested_phase`. None (status set) when the worker failed."""
+    import torch
+
+    from mkb_eval.harness.judge import baseline_cached
+
+    warmup, timing_seeds = timed.seeds(WARMUP_DRAWS), timed.seeds(TIMING_DRAWS)
+    t0 = time.perf_counter()
+    try:                                  # the timing gate: the event draws' seeds reach the worker only now
+        w.gate.send_op(op="events", warmup_seeds=warmup, timing_seeds=timing_seeds, device=True)
+    except OSError:
+        pass                              # the worker is gone: waiting below says how
+    ev, how = w.wait_for(("events", "final"), limits.timing_s)
+    rec.stages_s["worker_timing"] = round(time.perf_counter() - t0, 3)
+    if not ev or ev.get("kind") == "final":
+        _fail_from_worker(rec, w, how, limits.timing_s)
+        return None
+    l2 = int(getattr(torch.cuda.get_device_properties(gpu), "L2_cache_size", 0) or 0)
+    calls = attest.window_calls(*judge.io_bytes, l2) if judge.io_bytes else attest.WINDOW_CALLS
+    ref = timed.Reference(prob, size, judge, lane.timer, job["timing_cpu"])
+
+    def eager(measure: Callable[[], float]) -> float:
+        if not reuse_eager:
+            return measure()
+        ms, cached, _ = baseline_cached(prob, size, rec.env, cache_dir, measure, kind="eager")
+        if cached:
+            rec.flags.append("eager_baseline_from_cache")
+        return ms
+
+    try:
+        res = timed.attested_phase(w, ref, ev, calls, limits.timing_s, eager, rec.stages_s,
+                                   prob.sol.sol_ms if size == "full" else None, WARMUP_DRAWS, TIMING_DRAWS,
+                                   warmup, timing_seeds)
+    except timed.WindowFailed as f:
+        if f.status is None:
+            _fail_from_worker(rec, w, f.how, limits.timing_s)
+        else:
+            rec.status, rec.stage, rec.message = f.status, "attested_window", f.message
+        return None
+    return _Outcome(res.timing, res.verdict, res.windows, res.calibrations, warmup, timing_seeds)
+
+
+def _compile_baseline(rec: VerificationRecord, prob: P.Problem, size: str, t: Timing, compile_baseline: bool | str,
+                      cache_dir: Path, ref: timed.Reference, warmup: list[int], timing_seeds: list[int]) -> None:
+    """The torch.compile baseline (event draws, from the cache when asked), beside the eager one."""
+    from mkb_eval.harness.judge import baseline_cached
+
+    if not compile_baseline:
+        return
+    t0 = time.perf_counter()
+    t.compile_ms, t.compile_cached, err = baseline_cached(
+        prob, size, rec.env, cache_dir,
+        None if compile_baseline == "cached" else lambda: ref.event_ms(warmup, timing_seeds, compiled=True))
+    if err:
+        rec.flags.append("compile_baseline_failed")
+    rec.stages_s["compile_baseline"] = round(time.perf_counter() - t0, 3)
+    t.speedup_vs_compile = t.compile_ms / t.kernel_ms if t.compile_ms and t.kernel_ms else None
 
 
 _SITE = re.compile(r"(?:/[^\s\"':]+)*/(?:site|dist)-packages/")
@@ -685,64 +771,3 @@ def _judge_phase1(rec: VerificationRecord, judge: Any, job: dict[str, Any], msg:
     rec.correctness["dsl_dependence"] = f"fails without the DSL ({msg['nodsl']})"
     rec.stages_s["judge_correctness"] = round(time.perf_counter() - t0, 3)
     return True
-
-
-def _judge_rechecks(rec: VerificationRecord, judge: Any, job: dict[str, Any], out: Path,
-                    between: Callable[[], float] = lambda: 0.0) -> bool:
-    """The 3 timed outputs chosen at random; False (status set) when one is wrong."""
-    t0 = time.perf_counter()
-    for i in job["recheck"]:
-        t0 += between()
-        bad = judge.check(job["timing_seeds"][i], out / f"time_{i}.pt")
-        if bad:
-            rec.status, rec.stage = "incorrect", "timing_recheck"
-            rec.message = f"timed draw {i + 1} of {TIMING_DRAWS} (re-checked at random): {bad}"
-            return False
-    rec.stages_s["judge_rechecks"] = round(time.perf_counter() - t0, 3)
-    return True
-
-
-def _baselines(rec: VerificationRecord, prob: P.Problem, judge: Any, job: dict[str, Any], size: str,
-               fin: dict[str, Any], compile_baseline: bool | str, cache_dir: Path, reuse_eager: bool = False,
-               timer: Any = None) -> Timing:
-    """Kernel timing summary plus eager and torch.compile baselines (same GPU, same seeds), timed on the
-    GPU's timing core: by the GPU's reference ``timer`` process where there is one (a sweep), else here."""
-    import statistics
-
-    from mkb_eval.harness.judge import baseline_cached
-
-    times = fin["times_ms"]
-    t = Timing(kernel_ms=float(statistics.median(times)), kernel_device_ms=fin.get("device_ms"),
-               host_call_ms=fin.get("host_call_ms"), cpu_probe_ms=fin.get("cpu_probe_ms"),
-               kernel_cv=float(statistics.pstdev(times) / statistics.mean(times)), n_warmup=WARMUP_DRAWS,
-               n_timed=TIMING_DRAWS, times_ms=[round(x, 5) for x in times])
-    t0 = time.perf_counter()
-
-    def reference_ms(compiled: bool) -> float:
-        if timer is not None:
-            return timer.time(prob.path, size, job["warmup_seeds"], job["timing_seeds"], compiled, job["timing_cpu"])[0]
-        with cores.pinned(job["timing_cpu"]):
-            return judge.time_reference(job["warmup_seeds"], job["timing_seeds"], compiled=compiled)[0].median_ms
-
-    if reuse_eager:
-        t.eager_ms, cached, _ = baseline_cached(prob, size, rec.env, cache_dir, lambda: reference_ms(False), kind="eager")
-        if cached:
-            rec.flags.append("eager_baseline_from_cache")
-    else:
-        t.eager_ms = reference_ms(False)
-    rec.stages_s["eager_baseline"] = round(time.perf_counter() - t0, 3)
-    if compile_baseline:
-        t0 = time.perf_counter()
-        t.compile_ms, t.compile_cached, err = baseline_cached(
-            prob, size, rec.env, cache_dir, None if compile_baseline == "cached" else lambda: reference_ms(True))
-        if err:
-            rec.flags.append("compile_baseline_failed")
-        rec.stages_s["compile_baseline"] = round(time.perf_counter() - t0, 3)
-    t.speedup = t.eager_ms / t.kernel_ms if t.kernel_ms else None
-    t.speedup_vs_compile = t.compile_ms / t.kernel_ms if t.compile_ms and t.kernel_ms else None
-    if size == "full":
-        t.sol_ms = prob.sol.sol_ms
-        t.sol_fraction = t.sol_ms / t.kernel_ms
-        if (t.kernel_device_ms or t.kernel_ms) < SOL_SLACK * t.sol_ms:
-            rec.flags.append("implausible_speedup")
-    return t

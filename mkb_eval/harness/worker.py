@@ -4,7 +4,11 @@ It makes inputs from the seeds it is given, calls ``solve``, and hands outputs t
 through files; it never computes an expected output, so nothing in this process can find one.
 Two gates: after start-up and imports the worker waits until its GPU's lane admits correctness
 work; phase 1 (correctness draws + the DSL-dependence draw) then ends by waiting again while the
-parent judges and waits for the GPU to be free for timing. Usage:
+parent judges and waits for the GPU to be free for timing. The timing gate brings the timed draws'
+seeds (they are in no job sent earlier); after the event-timed draws the worker serves the parent's
+attested windows (:mod:`mkb_eval.harness.attest`) on the same gate socket. Before every message the
+worker checks that its own harness functions are still the objects it captured before the candidate
+was imported (evidence only: the verdict never rests on this process). Usage:
 ``python -m mkb_eval.harness.worker -`` with the job as JSON on stdin.
 """
 
@@ -17,6 +21,7 @@ import statistics
 import sys
 import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +87,53 @@ def _pin(cpus: list[int] | None) -> None:
             pass
 
 
+class _Guard:
+    """The harness functions this process relies on, captured before the candidate is imported: each
+    object and its code. A replacement (module attribute, class attribute, or swapped ``__code__``) is
+    reported as ``harness_patch``; the parent's verdict does not depend on this check."""
+
+    def __init__(self) -> None:
+        self.items: list[tuple[str, Any, str, Any, Any]] = []
+        self.send_fn: Any = None
+        self.send_code: Any = None
+
+    def capture(self) -> None:
+        from mkb_eval.harness import attest, tensors, timing
+
+        me = sys.modules[__name__]
+        plan = [(Channel, ("send", "__init__")), (me, ("run", "main", "_serve_windows", "_cpu_tier")),
+                (timing, ("time_draws", "_time_draws", "stream_time_ms", "l2_flusher", "cpu_probe_ms",
+                          "collector_paused")),
+                (tensors, ("save", "snapshot", "walk", "digests", "digest", "to_device")),
+                (attest, ("worker_window", "row_sums", "combine", "_weights", "_words", "warm_allocator")),
+                (os, ("write", "read", "_exit")), (json, ("dumps", "loads"))]
+        for owner, names in plan:
+            for name in names:
+                fn = getattr(owner, name)
+                self.items.append((f"{getattr(owner, '__name__', owner)}.{name}", owner, name, fn,
+                                   getattr(fn, "__code__", None)))
+        self.send_fn, self.send_code = Channel.send, Channel.send.__code__
+
+    def replaced(self, chan: Channel | None = None) -> list[str]:
+        bad = ["channel.send (on the instance)"] if chan is not None and "send" in vars(chan) else []
+        for label, owner, name, fn, code in self.items:
+            now = getattr(owner, name, None)
+            if now is not fn or (code is not None and getattr(now, "__code__", None) is not code):
+                bad.append(label)
+        return bad
+
+    def send(self, chan: Channel, **msg: Any) -> None:
+        """Send through the captured ``Channel.send``, its code restored, whatever was done to it."""
+        fn = self.send_fn or Channel.send
+        if self.send_code is not None:
+            fn.__code__ = self.send_code
+        chan.__dict__.pop("send", None)
+        fn(chan, **msg)
+
+
+GUARD = _Guard()
+
+
 def main(argv: list[str]) -> int:
     ready = os.environ.pop("MKB_WORKER_PRELOAD", None)
     if ready is not None:
@@ -100,6 +152,12 @@ def main(argv: list[str]) -> int:
     stage = "start"
 
     def report(**kw: Any) -> None:                 # progress and final messages carry the worker's CPU seconds
+        bad = GUARD.replaced(chan)
+        if bad:                                    # evidence: say so through the captured send, then stop
+            GUARD.send(chan, kind="final", status="policy_violation", stage=stage, flags=["harness_patch"],
+                       message=f"harness functions replaced in the worker ({', '.join(bad[:8])})",
+                       cpu=round(time.process_time(), 3))
+            os._exit(0)
         chan.send(cpu=round(time.process_time(), 3), **kw)
 
     def progress(s: str, **kw: Any) -> None:
@@ -127,8 +185,11 @@ def run(job: dict[str, Any], chan: Channel, progress: Any) -> dict[str, Any]:
     import torch
     import torch._dynamo  # noqa: F401 - rewraps torch.manual_seed (lazily, e.g. on the first profiler use): before capturing
 
-    from mkb_eval.harness import observe, tensors
+    from mkb_eval.harness import attest, observe, tensors
     from mkb_eval.harness.timing import Clock, cpu_probe_ms, stream_time_ms, time_draws
+
+    tools = _Tools(time_draws, stream_time_ms, cpu_probe_ms, attest.worker_window, attest.warm_allocator,
+                   tensors.save, tensors.walk)                # captured before the candidate exists
 
     tier = job["tier"]
     device = torch.device(job["device"])
@@ -152,6 +213,7 @@ def run(job: dict[str, Any], chan: Channel, progress: Any) -> dict[str, Any]:
     if tier == "cpu":
         log.suppressed = True                             # a compiled kernel cannot run without a GPU
 
+    GUARD.capture()
     progress("kernel_import")
     t0 = time.perf_counter()
     try:
@@ -239,22 +301,24 @@ def run(job: dict[str, Any], chan: Channel, progress: Any) -> dict[str, Any]:
     corr_s = time.perf_counter() - t_corr - lane_wait
 
     # ---- the DSL-dependence draw: launches suppressed, free memory poisoned ------------------
-    progress("dsl_dependence")
-    poisoned = tensors.poison_free_memory(device)
-    inputs = make(job["nodsl_seed"])
-    log.suppressed = True
-    try:
-        out = solve(*inputs)
-        snap = tensors.snapshot(out)
-        clock.synchronize()
-        tensors.save(snap, out_dir / "nodsl.pt")
-        nodsl = "returned"
-        del out, snap
-    except BaseException:  # noqa: BLE001 - failing without the DSL is the expected outcome
-        nodsl = "raised"
-    finally:
-        log.suppressed = False
-    del inputs
+    poisoned, nodsl = 0, "skipped"
+    if job.get("nodsl_seed") is not None:             # (a re-timing job skips it: verified before)
+        progress("dsl_dependence")
+        poisoned = tensors.poison_free_memory(device)
+        inputs = make(job["nodsl_seed"])
+        log.suppressed = True
+        try:
+            out = solve(*inputs)
+            snap = tensors.snapshot(out)
+            clock.synchronize()
+            tensors.save(snap, out_dir / "nodsl.pt")
+            nodsl = "returned"
+            del out, snap
+        except BaseException:  # noqa: BLE001 - failing without the DSL is the expected outcome
+            nodsl = "raised"
+        finally:
+            log.suppressed = False
+        del inputs
     try:
         clock.synchronize()
     except BaseException as e:  # noqa: BLE001
@@ -263,18 +327,90 @@ def run(job: dict[str, Any], chan: Channel, progress: Any) -> dict[str, Any]:
     log.on_compile = None                # compiles from here on (in timing) are the candidate's time
     chan.send(kind="phase1", stage="correctness", draws=draws, nodsl=nodsl, poisoned_bytes=poisoned,
               import_s=import_s, first_call_s=first_call_s, correctness_s=corr_s)
-    # ---- gate: the parent judges phase 1 ----------------------------------------------------
-    gate = os.read(job["gate_fd"], 2)
-    if gate != b"go":
+    # ---- gate: the parent judges phase 1; the timing gate brings the first timing op --------------
+    op = _read_op(job["gate_fd"])
+    if op is None:
         return {"status": "stopped", "message": "stopped by the parent after phase 1"}
     if job.get("timing_cpu") is not None:
         _pin([job["timing_cpu"]])             # the timed host call path gets this GPU's reserved core
+    return _serve_windows(job, op, solve, make, clock, device, log, progress, check_tamper, tools)
 
-    # ---- phase 2: timing --------------------------------------------------------------------
-    recheck = set(job["recheck"])
+
+def _read_op(fd: int) -> dict[str, Any] | None:
+    """The parent's next operation on the gate socket (one packet of JSON); None: stop, or the parent left."""
+    from mkb_eval.harness.attest import MAX_PACKET
+
+    data = os.read(fd, MAX_PACKET)
+    if not data.startswith(b"{"):
+        return None
+    op = json.loads(data)
+    return op if isinstance(op, dict) and op.get("op") != "end" else None
+
+
+@dataclass
+class _Tools:
+    """Harness functions phase 2 calls, bound before the candidate is imported."""
+
+    time_draws: Any
+    stream_time_ms: Any
+    cpu_probe_ms: Any
+    worker_window: Any
+    warm_allocator: Any
+    save: Any
+    walk: Any
+
+
+def _serve_windows(job: dict[str, Any], op: dict[str, Any] | None, solve: Any, make: Any, clock: Any, device: Any,
+                   log: Any, progress: Any, check_tamper: Any, tools: _Tools) -> dict[str, Any]:
+    """Phase 2: the parent's timing operations, one after another, until it says ``end``:
+    ``events`` (the event-timed draws on the seeds it brings), ``prep`` (hold the window's memory once),
+    ``window`` (an attested window: :func:`attest.worker_window`), ``save`` (the window outputs it chose)."""
+    from mkb_eval.harness.attest import PREPPED, SAVED
+
+    fd, out_dir = job["gate_fd"], Path(job["out_dir"])
+    sizes: list[int] = []
+    outs: list[Any] = []
+    n_events = 0
+    while op is not None:
+        kind = op.get("op")
+        if kind == "events":
+            n_events += 1
+            res, sizes = _event_draws(op, solve, make, clock, device, log, progress, check_tamper, tools)
+            progress("events", n=n_events, **res)
+        elif kind == "prep":
+            outs = []
+            try:
+                tools.warm_allocator(sizes, int(op["calls"]) + 1, device)
+            except BaseException as e:  # noqa: BLE001 - too little memory for the window: the parent decides
+                os.write(fd, json.dumps({"error": "holding the window's memory: " + _format_exc(e, 1500)}).encode())
+            else:
+                os.write(fd, PREPPED)
+        elif kind == "window":
+            outs = []
+            try:
+                outs, _ = tools.worker_window(fd, op, make, solve, clock.synchronize)
+            except BaseException as e:  # noqa: BLE001
+                raise Stop(_classify(e, True), "timed window: " + _format_exc(e)) from None
+            check_tamper("after a timed window")
+        elif kind == "save":
+            for i in op["which"]:
+                tools.save(outs[int(i)], out_dir / f"{op['tag']}_{int(i)}.pt")
+            outs = []
+            os.write(fd, SAVED)
+        op = _read_op(fd)
+    progress("report")
+    return {"status": "timed", "windows_served": n_events}
+
+
+def _event_draws(op: dict[str, Any], solve: Any, make: Any, clock: Any, device: Any, log: Any, progress: Any,
+                 check_tamper: Any, tools: _Tools) -> tuple[dict[str, Any], list[int]]:
+    """The event-timed draws of one ``events`` op (the worker's report: evidence beside the attested
+    window) and the byte sizes of one input and output set (for ``prep``)."""
+    time_draws, stream_time_ms, cpu_probe_ms = tools.time_draws, tools.stream_time_ms, tools.cpu_probe_ms
+
     launch_counts: list[int] = []
-
     host_s: list[float] = []
+    last: list[Any] = []
 
     def timed(*inputs: Any) -> Any:
         before = log.total()
@@ -285,36 +421,36 @@ def run(job: dict[str, Any], chan: Channel, progress: Any) -> dict[str, Any]:
         return out
 
     def keep(i: int, out: Any) -> Any:
-        if i in recheck:
-            snap = tensors.snapshot(out)
-            clock.synchronize()
-            tensors.save(snap, out_dir / f"time_{i}.pt")
+        if not last:
+            last.append([t.numel() * t.element_size() for t in tools.walk(out)])
         return None
 
+    warmup, timing = [int(x) for x in op["warmup_seeds"]], [int(x) for x in op["timing_seeds"]]
     probe = [cpu_probe_ms()]
     t_time = time.perf_counter()
     try:
-        res = time_draws(timed, make, job["warmup_seeds"], job["timing_seeds"], clock, device, keep=keep,
+        res = time_draws(timed, make, warmup, timing, clock, device, keep=keep,
                          on_draw=lambda phase, k: progress(phase, draw=k) if k % 10 == 0 else None)
     except BaseException as e:  # noqa: BLE001
         raise Stop(_classify(e, True), "timing: " + _format_exc(e)) from None
     timing_s = time.perf_counter() - t_time
     probe.append(cpu_probe_ms())
     check_tamper("after timing")
-    if min(launch_counts) == 0:
+    if not launch_counts or min(launch_counts) == 0:
         raise Stop("no_dsl_kernel", "a timed call launched no DSL kernel (results were served without the DSL)")
-
-    timed_host = host_s[len(job["warmup_seeds"]):]
+    timed_host = host_s[len(warmup):]
     host_ms = 1e3 * statistics.median(timed_host) if timed_host else None
-    progress("device_time")
-    try:                                  # informative: a failure here leaves the verdict as it is
-        dev_ms = stream_time_ms(solve, make, job["timing_seeds"][:10], clock, device, host_ms or 0.0)
-    except BaseException:  # noqa: BLE001
-        dev_ms = None
-    progress("report")
-    return {"status": "timed", "times_ms": res.times_ms, "device_ms": dev_ms,
-            "launches_per_call": sorted(set(launch_counts)), "timing_s": timing_s, "host_call_ms": host_ms,
-            "cpu_probe_ms": max(probe)}
+    dev_ms = None
+    if op.get("device", True):
+        progress("device_time")
+        try:                                  # informative: a failure here leaves the verdict as it is
+            dev_ms = stream_time_ms(solve, make, timing[:10], clock, device, host_ms or 0.0)
+        except BaseException:  # noqa: BLE001
+            dev_ms = None
+    in_sizes = [t.numel() * t.element_size() for t in tools.walk(make(timing[-1]))]
+    return ({"times_ms": res.times_ms, "device_ms": dev_ms, "launches_per_call": sorted(set(launch_counts)),
+             "timing_s": timing_s, "host_call_ms": host_ms, "cpu_probe_ms": max(probe)},
+            in_sizes + (last[0] if last else []))
 
 
 def _cpu_tier(job: dict[str, Any], make: Any, call: Any, log: Any, progress: Any, import_s: float) -> dict[str, Any]:

@@ -30,6 +30,7 @@ STATUSES = (
     "crashed",
     "policy_violation",
     "no_dsl_kernel",
+    "implausible_time",
     "unverified",
     "skipped",
 )

@@ -45,12 +45,16 @@ def test_solution_passes(problem, dsl):
     assert rec.status == "ok", f"{rec.status} at {rec.stage}: {rec.message[-3000:]}"
     assert rec.timing.kernel_ms > 0 and rec.timing.eager_ms > 0 and rec.timing.host_call_ms > 0 and rec.env["gpu"]
     assert rec.timing.cpu_probe_ms > 0
-    assert "implausible_speedup" not in rec.flags
+    assert "implausible_time" not in rec.flags and not rec.timing.prewindow_excess_ms[-1] > 0
+    t = rec.timing          # the recorded time is never faster than the parent's clock saw
+    assert t.attested_ms > 0 and t.worker_event_ms > 0 and t.kernel_ms == max(t.attested_ms, t.worker_event_ms)
+    assert t.window_calls >= 3 and t.eager_attested_ms > 0 and t.eager_ms >= t.eager_event_ms
 
 
 @pytest.mark.parametrize("problem,path,status", WRONG, ids=[f"{p.id:02d}-{path.stem}" for p, path, _ in WRONG])
 def test_known_bad_kernel_rejected(problem, path, status):
-    rec = keep(verify(problem, "cutedsl", path, compile_baseline=False), test="wrong", expected=status)
+    rec = keep(verify(problem, "cutedsl", path, compile_baseline=False), test="wrong", expected=status,
+               kernel=path.name)
     assert rec.status == status, f"{path.name}: got {rec.status} ({rec.message[-1500:]})"
 
 

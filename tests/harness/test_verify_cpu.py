@@ -54,7 +54,8 @@ def test_policy_violation_is_not_executed(p28, tmp_path):
 def test_known_bad_kernels_compile_on_cpu(p28):
     """The wrong/ kernels are rejected on the GPU; on the CPU they must at least compile (or be caught)."""
     expected_cpu = {"torch_only.py": "no_dsl_kernel", "patch_timer.py": "policy_violation",
-                    "side_stream.py": "runtime_error"}   # torch.cuda.Stream needs CUDA
+                    "side_stream.py": "runtime_error",   # torch.cuda.Stream needs CUDA
+                    "cheat_time_forged_send.py": "policy_violation"}   # the worker's guard sees the patched send
     for path in p28.wrong_solutions():
         rec = verify(p28, "cutedsl", path, tier="cpu", limits=LIMITS)
         assert rec.status == expected_cpu.get(path.name, "unverified"), (path.name, rec.status, rec.message[-500:])

@@ -44,8 +44,8 @@ untrusted model-written code (the convention of HF code_eval).
 _KWARGS_DESCRIPTION = """
 Args (default config):
     status (`list` of `str`): one per attempt, in "ok", "incorrect", "compile_error",
-        "runtime_error", "timeout", "crashed", "policy_violation", "no_dsl_kernel", "unverified",
-        "skipped".
+        "runtime_error", "timeout", "crashed", "policy_violation", "no_dsl_kernel", "implausible_time",
+        "unverified", "skipped".
     speedup (`list` of `float` or `None`): eager_ms / kernel_ms; required for "ok", ignored otherwise.
 Args (config "verify", needs a GPU and MKB_ALLOW_KERNEL_EXEC=1):
     problem_id (`list` of `int`): the problem of each kernel.

@@ -1,0 +1,199 @@
+"""The timed phase, parent side: event draws, attested windows, the eager baseline beside them, and
+the verdict on the kernel's time (:mod:`mkb_eval.harness.attest` holds the protocol and the rules).
+
+Order inside the GPU's exclusive lane hold: the timing gate brings the event draws' seeds (the job
+sent at start has none), the worker reports its event-timed draws, the parent runs one attested
+window (re-check indices chosen only after it), the trusted side times the eager reference (event
+draws, then its own window on the same seeds: the make and commitment costs the kernel's window is
+measured against), and the decision may ask for one re-time under the parent's clock.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mkb_eval.harness import attest, cores
+from mkb_eval.harness.attest import TimingVerdict, WindowCalibration, WindowStamps
+from mkb_eval.records import Timing
+
+
+class WindowFailed(Exception):
+    """A window did not complete: ``status`` None means the worker ended (its final message says why)."""
+
+    def __init__(self, status: str | None, message: str, how: str = "exited") -> None:
+        super().__init__(message)
+        self.status, self.message, self.how = status, message, how
+
+
+def seeds(n: int) -> list[int]:
+    return [secrets.randbits(63) for _ in range(n)]
+
+
+def _send(w: Any, **op: Any) -> int:
+    """Send one operation to the worker; its send time (a worker that is gone ends the window)."""
+    try:
+        return w.gate.send_op(**op)
+    except OSError:
+        raise WindowFailed(None, "the worker ended during the timed phase") from None
+
+
+def _reply(w: Any, timeout: float) -> tuple[bytes, int]:
+    """The worker's next packet on its gate, watching its caps and its exit meanwhile."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise WindowFailed("timeout", f"no reply from the worker's timed window in {timeout:.0f} s", "timeout")
+        try:
+            data, stamp = w.gate.recv(min(0.25, left))
+        except TimeoutError:
+            if w.proc.poll() is not None:
+                raise WindowFailed(None, "the worker ended during a timed window") from None
+            w._watch()
+            continue
+        if not data:
+            raise WindowFailed(None, "the worker ended during a timed window")
+        return data, stamp
+
+
+def _error_of(data: bytes) -> str:
+    try:
+        msg = json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return f"unexpected reply {data[:60]!r}"
+    return str(msg.get("error", msg))[:2000] if isinstance(msg, dict) else f"unexpected reply {data[:60]!r}"
+
+
+def run_window(w: Any, calls: int, tag: str, timeout: float, rechecks: int = attest.WINDOW_RECHECKS) -> WindowStamps:
+    """One attested window of worker ``w`` (see :mod:`attest`): prep, seeds, ``R``, digests, then the
+    ``rechecks`` outputs chosen now, at random, saved by the worker as ``<out>/<tag>_<i>.pt``."""
+    _send(w, op="prep", calls=calls)
+    data, _ = _reply(w, timeout)
+    if data != attest.PREPPED:
+        raise WindowFailed("runtime_error", "timed window: " + _error_of(data))
+    win_seeds, key = seeds(calls), secrets.randbits(63)
+    sent = _send(w, op="window", seeds=win_seeds, key=key, tag=tag)
+    data, ready = _reply(w, timeout)
+    if data != attest.READY:
+        raise WindowFailed("runtime_error", "timed window: " + _error_of(data))
+    data, done = _reply(w, timeout)
+    try:
+        digests = json.loads(data)["digests"]
+        ok = isinstance(digests, list) and len(digests) == calls
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError):
+        ok = False
+    if not ok:
+        raise WindowFailed("runtime_error", "timed window: " + _error_of(data))
+    which = sorted(secrets.SystemRandom().sample(range(calls), min(rechecks, calls)))
+    _send(w, op="save", which=which, tag=tag)
+    data, _ = _reply(w, timeout)
+    if data != attest.SAVED:
+        raise WindowFailed("runtime_error", "saving the timed window's outputs: " + _error_of(data))
+    return WindowStamps(calls=calls, sent_ns=sent, ready_ns=ready, done_ns=done, digests=digests, saved=which,
+                        seeds=win_seeds, key=key, tag=tag)
+
+
+def finish(w: Any, timeout: float = 10.0) -> None:
+    """Tell the worker the timed phase is over and give it a moment for its final message."""
+    try:
+        _send(w, op="end")
+    except WindowFailed:
+        return
+    w.wait_for(("final",), timeout)
+
+
+@dataclass
+class Reference:
+    """How the trusted side times the reference for one evaluation: the GPU's timer process where there
+    is one (a sweep), else the judge in this process, pinned to the GPU's timing core."""
+
+    prob: Any
+    size: str
+    judge: Any
+    timer: Any = None
+    cpu: int | None = None
+
+    def event_ms(self, warmup: list[int], timing: list[int], compiled: bool = False) -> float:
+        if self.timer is not None:
+            return self.timer.time(self.prob.path, self.size, warmup, timing, compiled, self.cpu)[0]
+        with cores.pinned(self.cpu):
+            return self.judge.time_reference(warmup, timing, compiled=compiled)[0].median_ms
+
+    def window(self, stamps: WindowStamps) -> WindowCalibration:
+        if self.timer is not None:
+            return self.timer.window(self.prob.path, self.size, stamps.seeds, stamps.key, self.cpu)
+        with cores.pinned(self.cpu):
+            return self.judge.time_window(stamps.seeds, stamps.key)
+
+
+@dataclass
+class TimedOutcome:
+    timing: Timing
+    verdict: TimingVerdict
+    windows: list[WindowStamps] = field(default_factory=list)
+    calibrations: list[WindowCalibration] = field(default_factory=list)
+
+
+def attested_phase(w: Any, ref: Reference, events: dict[str, Any], calls: int, timeout: float,
+                   eager: Callable[[Callable[[], float]], float], stages: dict[str, float],
+                   sol_ms: float | None, n_warmup: int, n_timed: int, warmup: list[int],
+                   timing: list[int]) -> TimedOutcome:
+    """Window, eager baseline and its window, the decision and at most one re-time. ``eager(measure)``
+    gives the eager event ms (a sweep may take a problem's from its cache)."""
+    times = [float(x) for x in events["times_ms"]]
+    event_ms = float(statistics.median(times))
+    device_ms = events.get("device_ms")
+    t0 = time.perf_counter()
+    wins = [run_window(w, calls, "win0", timeout)]
+    stages["attested_window"] = round(time.perf_counter() - t0, 3)
+    t0 = time.perf_counter()
+    eager_event = eager(lambda: ref.event_ms(warmup, timing))
+    cals = [ref.window(wins[0])]
+    stages["eager_baseline"] = round(time.perf_counter() - t0, 3)
+    att = [attest.attested_ms(wins[0], cals[0])]
+    exc = [attest.precompute_excess_ms(wins[0], cals[0])]
+    verdict = attest.decide(event_ms, att, exc, sol_ms, device_ms)
+    if verdict.status == "retime":
+        t0 = time.perf_counter()
+        wins.append(run_window(w, calls, "win1", timeout))
+        cals.append(ref.window(wins[1]))
+        att.append(attest.attested_ms(wins[1], cals[1]))
+        exc.append(attest.precompute_excess_ms(wins[1], cals[1]))
+        verdict = attest.decide(event_ms, att, exc, sol_ms, device_ms)
+        stages["retime"] = round(time.perf_counter() - t0, 3)
+    eager_att = cals[0].attested_ms               # measured here every time, cached event time or not
+    eager_ms = max(eager_event, eager_att)
+    t = Timing(kernel_ms=verdict.kernel_ms, worker_event_ms=event_ms, attested_ms=verdict.attested_ms,
+               attested_windows_ms=[round(x, 5) for x in att], window_calls=calls,
+               prewindow_excess_ms=[round(e, 4) for e in exc],
+               kernel_device_ms=device_ms, host_call_ms=events.get("host_call_ms"),
+               cpu_probe_ms=events.get("cpu_probe_ms"),
+               kernel_cv=float(statistics.pstdev(times) / statistics.mean(times)) if times else None,
+               eager_ms=eager_ms, eager_event_ms=eager_event, eager_attested_ms=eager_att,
+               n_warmup=n_warmup, n_timed=n_timed, times_ms=[round(x, 5) for x in times])
+    t.speedup = t.eager_ms / t.kernel_ms if t.kernel_ms else None
+    if sol_ms:
+        t.sol_ms = sol_ms
+        t.sol_fraction = sol_ms / t.kernel_ms if t.kernel_ms else None
+    return TimedOutcome(t, verdict, wins, cals)
+
+
+def judge_windows(judge: Any, windows: list[WindowStamps], out: Path,
+                  between: Callable[[], float] = lambda: 0.0) -> str | None:
+    """The re-checked window outputs against the reference and their commitments; the first failure's
+    message, or None."""
+    for win in windows:
+        for i in win.saved:
+            between()
+            bad = judge.check(win.seeds[i], out / f"{win.tag}_{i}.pt", commitment=win.digests[i], key=win.key)
+            if bad:
+                return (f"timed call {i + 1} of {win.calls} in attested window {win.tag[-1]} (re-checked at random, "
+                        f"chosen after the window): {bad}")
+    return None
