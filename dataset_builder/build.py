@@ -119,7 +119,9 @@ def collect_rows(opts: BuildOptions, names: Sequence[str], probs: Sequence[P.Pro
         rows["tasks"] = task_rows(probs)
     if "solutions" in names or "baselines" in names:
         results = read_results(opts.results_root)
-        sources["results"] = {g.gpu: sha256_file(g.path) for g in results}
+        sources["results"] = {g.gpu: {"file": f"results/{g.gpu}/{g.path.name}", "sha256": sha256_file(g.path),
+                                      "chosen": g.source.get("chosen"), "history_commit": g.source.get("history_commit")}
+                              for g in results}
         if "solutions" in names:
             rows["solutions"] = solution_rows(probs, results)
         if "baselines" in names:

@@ -83,8 +83,18 @@ def _check(args: argparse.Namespace) -> int:
     info = check_folder(args.folder, verify_hashes=True)
     print(f"{info.path}: dataset_version {info.dataset_version}; configs {', '.join(info.configs)}: "
           "files and hashes ok")
+    status = 0
+    if {"solutions", "baselines"} & set(info.configs):
+        from dataset_builder.check import check_records
+        from mkb_eval import problems as P
+
+        res = check_records(info.configs, P.load_all(Path(args.root) if getattr(args, "root", None) else None))
+        for f in res.findings:
+            print(f"  RECORD {f}")
+        print(res.summary())
+        status = 1 if res.findings else 0
     if not args.reference_outputs:
-        return 0
+        return status
     if "reference_outputs" not in info.configs:
         raise BuildError(f"{args.folder}: no reference_outputs config to reproduce")
     import pyarrow.parquet as pq
@@ -100,7 +110,7 @@ def _check(args: argparse.Namespace) -> int:
     for m in bad:
         print(f"  MISMATCH {m}")
     print(f"reference_outputs: {len(rows) - len(bad)}/{len(rows)} rows reproduced on this CPU")
-    return 1 if bad else 0
+    return 1 if bad or status else 0
 
 
 def _skills_sources(args: argparse.Namespace) -> list[Any]:
@@ -196,7 +206,7 @@ def register(subparsers: Any) -> None:
     b.add_argument("--version", required=True, help="semver dataset_version, e.g. 1.0.0")
     b.add_argument("--previous", help="folder of the previous build (its manifest.json drives the changelog)")
     b.add_argument("--runs", nargs="*", help="run folders holding attempts.jsonl (attempts and skills configs)")
-    b.add_argument("--results", help="results folder with <gpu>/verify.jsonl (default: the repo's results/)")
+    b.add_argument("--results", help="results folder with <gpu>/verification.jsonl, the curated sets (default: the repo's results/)")
     b.add_argument("--skills-corpus", help="released skills corpus (default: the repo's skills_corpus/)")
     b.add_argument("--configs", help=f"comma-separated subset of {','.join(CONFIG_NAMES)} (default: all)")
     b.add_argument("--problems", help="comma-separated problem ids (default: all)")
@@ -211,7 +221,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--push", action="store_true", help="really upload (default: print the plan only)")
     p.set_defaults(fn=_guard("mkb dataset push", _push))
 
-    c = dsub.add_parser("check", help="check a built folder (card, configs, parquet, hashes)")
+    c = dsub.add_parser("check", help="check a built folder (card, configs, parquet, hashes; solutions and baselines "
+                                      "against the checkout's kernel and problem hashes)")
     c.add_argument("folder")
     c.add_argument("--reference-outputs", action="store_true",
                    help="also re-run the references on CPU and compare every hash")

@@ -136,6 +136,13 @@ def _results(args: argparse.Namespace) -> int:
     from mkb_eval import sweep
     from mkb_eval.records import read_jsonl
 
+    if args.records is None:               # the curated set of the GPU model: what the README and dataset show
+        from mkb_eval import verification_set as V
+
+        args.records = str(V.set_path(args.gpu))
+        if not Path(args.records).is_file():
+            print(f"mkb results: no curated verification set at {args.records}", file=sys.stderr)
+            return 2
     recs = [r for r in sweep.latest(read_jsonl(args.records)) if args.tier in ("all", r["tier"])
             and (not args.problems or r["problem_id"] in args.problems)]
     if args.compile_cache:
@@ -276,7 +283,9 @@ def build_parser() -> argparse.ArgumentParser:
         register_dataset(sub)
 
     r = sub.add_parser("results", help="tabulate verification records (latest per problem and DSL)")
-    r.add_argument("records", help="a JSONL file of verification records")
+    r.add_argument("records", nargs="?", help="a JSONL file of verification records (default: the curated set "
+                                             "results/<gpu>/verification.jsonl)")
+    r.add_argument("--gpu", default="h200", help="GPU model whose curated set to read without RECORDS (default h200)")
     r.add_argument("--tier", default="gpu", choices=("gpu", "cpu", "all"))
     r.add_argument("--problems", type=problem_ids, help="only these problem ids, e.g. 1-43")
     r.add_argument("--md", help="also write the table to this markdown file")
