@@ -199,7 +199,7 @@ def build_dataset(opts: BuildOptions) -> BuildResult:
             configs_manifest[name] = {"split": spec.split, "rows": counts[name],
                                       "files": {spec.data_file: files[spec.data_file]}}
         card = render_card([specs[n] for n in written], counts, str(version), opts.hub_repo, rows["problems"], log,
-                           empty=empty)
+                           empty=empty, verification=sources.get("results"))
         (stage / "README.md").write_bytes(card.encode("utf-8"))
         manifest = {
             "dataset_version": str(version), "builder_version": BUILDER_VERSION, "hub_repo": opts.hub_repo,
