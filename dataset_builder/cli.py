@@ -149,11 +149,33 @@ def _skills_export(args: argparse.Namespace) -> int:
         return 0
     root = Path(args.root) if getattr(args, "root", None) else None
     problems = {p.id: p for p in P.load_all(root)}
-    res = export(skills, problems, args.format, out, include_flagged=args.include_flagged)
+    evidence, task_prompt = (None, None) if args.format == "dpo" else _evidence(args, problems.values())
+    tasks = tuple(t.strip() for t in args.tasks.split(",")) if args.tasks else ("apply_skill", "write_skill")
+    res = export(skills, problems, args.format, out, include_flagged=args.include_flagged, evidence=evidence,
+                 task_prompt=task_prompt, gpu=args.gpu, tasks=tasks)
     left = ", ".join(f"{n} {why}" for why, n in sorted(res.left_out.items())) or "none"
-    print(f"wrote {len(res.records)} {args.format} records to {out} (validated against {args.format}.schema.json); "
-          f"left out: {left}")
+    kinds = {}
+    for r in res.records:
+        kinds[r.get("task", "pair")] = kinds.get(r.get("task", "pair"), 0) + 1
+    print(f"wrote {len(res.records)} {args.format} records to {out} ("
+          + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
+          + f"; validated against {args.format.replace('-', '_')}.schema.json); left out: {left}")
     return 0
+
+
+def _evidence(args: argparse.Namespace, problems: Any) -> tuple[Any, Any]:
+    """The curated set's records that verified the shipped solutions, and the skill arm's prompt renderer."""
+    from mkb_eval import verification_set as V
+    from mkb_eval.agent.prompts import render_skill_task, render_task
+
+    path = Path(args.verification) if args.verification else V.set_path(args.gpu)
+    if args.verification == "none":
+        return None, None
+    try:
+        rep = V.match(V.read_set(path), V.shipped_hashes(problems))
+    except ValueError as e:
+        raise SkillError(f"--verification: {e}") from None
+    return rep.matched, lambda p, dsl, body: render_skill_task(render_task(p, dsl), body).text
 
 
 def _skills_check(args: argparse.Namespace) -> int:
@@ -236,9 +258,15 @@ def register(subparsers: Any) -> None:
         q.add_argument("--no-corpus", action="store_true", help="leave the corpus out (only --runs)")
         q.add_argument("--runs", nargs="*", help="run folders whose solo SKILL.md files to include")
 
-    e = ssub.add_parser("export", help="JSONL for training (sft, dpo) or release markdown (md)")
-    e.add_argument("--format", required=True, choices=("sft", "dpo", "md"))
-    e.add_argument("--out", required=True, help="JSONL file (sft, dpo) or folder (md)")
+    e = ssub.add_parser("export", help="JSONL for training (sft, sft-messages, dpo: TRL's dataset formats) or "
+                                       "release markdown (md)")
+    e.add_argument("--format", required=True, choices=("sft", "sft-messages", "dpo", "md"),
+                   help="sft: prompt/completion; sft-messages: conversational messages; dpo: prompt/chosen/rejected")
+    e.add_argument("--out", required=True, help="JSONL file (sft, sft-messages, dpo) or folder (md)")
+    e.add_argument("--verification", help="curated verification set whose records are the evidence of apply_skill "
+                                          "records (default: results/<gpu>/verification.jsonl; 'none' for none)")
+    e.add_argument("--gpu", default="h200", help="GPU model of the default verification set (default h200)")
+    e.add_argument("--tasks", help="SFT record kinds, comma-separated: apply_skill,write_skill (default both)")
     e.add_argument("--include-flagged", action="store_true", help="keep skills the leak check flags")
     e.add_argument("--dataset-version", help="with --format md: the version the skills are released in")
     sources(e)
