@@ -117,3 +117,11 @@ def test_curate_writes_the_chosen_lines_verbatim_with_their_source(tmp_path: Pat
     assert out.read_text().splitlines() == list(reversed(lines))      # sorted by (problem, DSL), bytes kept
     meta = json.loads(out.with_name(V.SOURCE_FILE).read_text())
     assert meta["chosen"] == str(src) and meta["records"] == 2 and meta["ok"] == 2
+
+
+def test_mkb_results_without_a_file_reads_the_curated_set(capsys):
+    from mkb_eval.cli import main
+
+    assert main(["results", "--json"]) == 0
+    out = capsys.readouterr().out
+    assert "| cutedsl | 74/74 |" in out and "| tirx | 74/74 |" in out
