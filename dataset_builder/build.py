@@ -119,7 +119,9 @@ def collect_rows(opts: BuildOptions, names: Sequence[str], probs: Sequence[P.Pro
         rows["tasks"] = task_rows(probs)
     if "solutions" in names or "baselines" in names:
         results = read_results(opts.results_root)
-        sources["results"] = {g.gpu: sha256_file(g.path) for g in results}
+        sources["results"] = {g.gpu: {"file": f"results/{g.gpu}/{g.path.name}", "sha256": sha256_file(g.path),
+                                      "chosen": g.source.get("chosen"), "history_commit": g.source.get("history_commit")}
+                              for g in results}
         if "solutions" in names:
             rows["solutions"] = solution_rows(probs, results)
         if "baselines" in names:
@@ -197,7 +199,7 @@ def build_dataset(opts: BuildOptions) -> BuildResult:
             configs_manifest[name] = {"split": spec.split, "rows": counts[name],
                                       "files": {spec.data_file: files[spec.data_file]}}
         card = render_card([specs[n] for n in written], counts, str(version), opts.hub_repo, rows["problems"], log,
-                           empty=empty)
+                           empty=empty, verification=sources.get("results"))
         (stage / "README.md").write_bytes(card.encode("utf-8"))
         manifest = {
             "dataset_version": str(version), "builder_version": BUILDER_VERSION, "hub_repo": opts.hub_repo,

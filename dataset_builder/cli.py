@@ -83,8 +83,18 @@ def _check(args: argparse.Namespace) -> int:
     info = check_folder(args.folder, verify_hashes=True)
     print(f"{info.path}: dataset_version {info.dataset_version}; configs {', '.join(info.configs)}: "
           "files and hashes ok")
+    status = 0
+    if {"solutions", "baselines"} & set(info.configs):
+        from dataset_builder.check import check_records
+        from mkb_eval import problems as P
+
+        res = check_records(info.configs, P.load_all(Path(args.root) if getattr(args, "root", None) else None))
+        for f in res.findings:
+            print(f"  RECORD {f}")
+        print(res.summary())
+        status = 1 if res.findings else 0
     if not args.reference_outputs:
-        return 0
+        return status
     if "reference_outputs" not in info.configs:
         raise BuildError(f"{args.folder}: no reference_outputs config to reproduce")
     import pyarrow.parquet as pq
@@ -100,7 +110,7 @@ def _check(args: argparse.Namespace) -> int:
     for m in bad:
         print(f"  MISMATCH {m}")
     print(f"reference_outputs: {len(rows) - len(bad)}/{len(rows)} rows reproduced on this CPU")
-    return 1 if bad else 0
+    return 1 if bad or status else 0
 
 
 def _skills_sources(args: argparse.Namespace) -> list[Any]:
@@ -139,11 +149,33 @@ def _skills_export(args: argparse.Namespace) -> int:
         return 0
     root = Path(args.root) if getattr(args, "root", None) else None
     problems = {p.id: p for p in P.load_all(root)}
-    res = export(skills, problems, args.format, out, include_flagged=args.include_flagged)
+    evidence, task_prompt = (None, None) if args.format == "dpo" else _evidence(args, problems.values())
+    tasks = tuple(t.strip() for t in args.tasks.split(",")) if args.tasks else ("apply_skill", "write_skill")
+    res = export(skills, problems, args.format, out, include_flagged=args.include_flagged, evidence=evidence,
+                 task_prompt=task_prompt, gpu=args.gpu, tasks=tasks)
     left = ", ".join(f"{n} {why}" for why, n in sorted(res.left_out.items())) or "none"
-    print(f"wrote {len(res.records)} {args.format} records to {out} (validated against {args.format}.schema.json); "
-          f"left out: {left}")
+    kinds = {}
+    for r in res.records:
+        kinds[r.get("task", "pair")] = kinds.get(r.get("task", "pair"), 0) + 1
+    print(f"wrote {len(res.records)} {args.format} records to {out} ("
+          + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
+          + f"; validated against {args.format.replace('-', '_')}.schema.json); left out: {left}")
     return 0
+
+
+def _evidence(args: argparse.Namespace, problems: Any) -> tuple[Any, Any]:
+    """The curated set's records that verified the shipped solutions, and the skill arm's prompt renderer."""
+    from mkb_eval import verification_set as V
+    from mkb_eval.agent.prompts import render_skill_task, render_task
+
+    path = Path(args.verification) if args.verification else V.set_path(args.gpu)
+    if args.verification == "none":
+        return None, None
+    try:
+        rep = V.match(V.read_set(path), V.shipped_hashes(problems))
+    except ValueError as e:
+        raise SkillError(f"--verification: {e}") from None
+    return rep.matched, lambda p, dsl, body: render_skill_task(render_task(p, dsl), body).text
 
 
 def _skills_check(args: argparse.Namespace) -> int:
@@ -196,7 +228,7 @@ def register(subparsers: Any) -> None:
     b.add_argument("--version", required=True, help="semver dataset_version, e.g. 1.0.0")
     b.add_argument("--previous", help="folder of the previous build (its manifest.json drives the changelog)")
     b.add_argument("--runs", nargs="*", help="run folders holding attempts.jsonl (attempts and skills configs)")
-    b.add_argument("--results", help="results folder with <gpu>/verify.jsonl (default: the repo's results/)")
+    b.add_argument("--results", help="results folder with <gpu>/verification.jsonl, the curated sets (default: the repo's results/)")
     b.add_argument("--skills-corpus", help="released skills corpus (default: the repo's skills_corpus/)")
     b.add_argument("--configs", help=f"comma-separated subset of {','.join(CONFIG_NAMES)} (default: all)")
     b.add_argument("--problems", help="comma-separated problem ids (default: all)")
@@ -211,7 +243,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--push", action="store_true", help="really upload (default: print the plan only)")
     p.set_defaults(fn=_guard("mkb dataset push", _push))
 
-    c = dsub.add_parser("check", help="check a built folder (card, configs, parquet, hashes)")
+    c = dsub.add_parser("check", help="check a built folder (card, configs, parquet, hashes; solutions and baselines "
+                                      "against the checkout's kernel and problem hashes)")
     c.add_argument("folder")
     c.add_argument("--reference-outputs", action="store_true",
                    help="also re-run the references on CPU and compare every hash")
@@ -225,9 +258,15 @@ def register(subparsers: Any) -> None:
         q.add_argument("--no-corpus", action="store_true", help="leave the corpus out (only --runs)")
         q.add_argument("--runs", nargs="*", help="run folders whose solo SKILL.md files to include")
 
-    e = ssub.add_parser("export", help="JSONL for training (sft, dpo) or release markdown (md)")
-    e.add_argument("--format", required=True, choices=("sft", "dpo", "md"))
-    e.add_argument("--out", required=True, help="JSONL file (sft, dpo) or folder (md)")
+    e = ssub.add_parser("export", help="JSONL for training (sft, sft-messages, dpo: TRL's dataset formats) or "
+                                       "release markdown (md)")
+    e.add_argument("--format", required=True, choices=("sft", "sft-messages", "dpo", "md"),
+                   help="sft: prompt/completion; sft-messages: conversational messages; dpo: prompt/chosen/rejected")
+    e.add_argument("--out", required=True, help="JSONL file (sft, sft-messages, dpo) or folder (md)")
+    e.add_argument("--verification", help="curated verification set whose records are the evidence of apply_skill "
+                                          "records (default: results/<gpu>/verification.jsonl; 'none' for none)")
+    e.add_argument("--gpu", default="h200", help="GPU model of the default verification set (default h200)")
+    e.add_argument("--tasks", help="SFT record kinds, comma-separated: apply_skill,write_skill (default both)")
     e.add_argument("--include-flagged", action="store_true", help="keep skills the leak check flags")
     e.add_argument("--dataset-version", help="with --format md: the version the skills are released in")
     sources(e)

@@ -1,42 +1,42 @@
-"""Rows of ``solutions`` and ``baselines``: shipped kernels joined with GPU verification records.
+"""Rows of ``solutions`` and ``baselines``: shipped kernels joined with the curated GPU verification sets.
 
-Records come from ``<results>/<gpu>/verify.jsonl`` (append-only; a later line supersedes an
-earlier one). Only GPU-tier verification records count. A record is joined to a solution only
-when it verified that exact kernel (``kernel_sha256``) on that exact problem version
-(``problem_hash``): anything else would claim a measurement the shipped file never had.
+Records come from ``<results>/<gpu>/verification.jsonl``, the curated set of each GPU model
+(``mkb_eval.verification_set``: one full sweep, chosen by ``scripts/curate_verification.py``).
+Only GPU-tier verification records count. A record is joined to a solution only when it
+verified that exact kernel (``kernel_sha256``) on that exact problem version (``problem_hash``):
+anything else would claim a measurement the shipped file never had.
 """
 
 from __future__ import annotations
 
 import json
 import statistics
-import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from dataset_builder.errors import BuildError
 from dataset_builder.sources.problems import layout_path
 from dataset_builder.versioning import source_sha256
+from mkb_eval import verification_set as V
 from mkb_eval.problems import DSLS, Problem
-from mkb_eval.records import read_jsonl
 
-RECORDS_FILE = "verify.jsonl"
-_REQUIRED = ("problem_id", "dsl", "problem_hash", "kernel_sha256", "status", "tier")
+RECORDS_FILE = V.VERIFICATION_FILE
 
 
 @dataclass(frozen=True)
 class GpuRecords:
-    """The verification records of one results folder, in file order."""
+    """The curated verification records of one GPU model, in file order, and where they came from."""
 
     gpu: str
     path: Path
     records: tuple[dict[str, Any], ...]
+    source: dict[str, Any] = field(default_factory=dict)
 
 
 def read_results(results_root: Path) -> list[GpuRecords]:
-    """Every ``<results_root>/<gpu>/verify.jsonl``, sorted by GPU folder name.
+    """Every ``<results_root>/<gpu>/verification.jsonl``, sorted by GPU folder name.
 
     A torn or non-object line fails the build (the builder never drops a line silently); a
     record of another kind or tier is left out.
@@ -45,20 +45,12 @@ def read_results(results_root: Path) -> list[GpuRecords]:
         raise BuildError(f"{results_root}: results folder not found")
     out = []
     for path in sorted(results_root.glob(f"*/{RECORDS_FILE}")):
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            recs = list(read_jsonl(path))
-        if caught:
-            raise BuildError(f"{path}: {caught[0].message}; fix or remove the line before building")
-        keep = []
-        for n, r in enumerate(recs, 1):
-            if r.get("kind") != "verification" or r.get("tier") != "gpu":
-                continue
-            missing = [k for k in _REQUIRED if k not in r]
-            if missing:
-                raise BuildError(f"{path}: record {n} lacks {', '.join(missing)}")
-            keep.append(r)
-        out.append(GpuRecords(gpu=path.parent.name, path=path, records=tuple(keep)))
+        try:
+            recs = V.read_set(path)
+            source = V.read_source(path)
+        except ValueError as e:
+            raise BuildError(f"{e}; fix the set (scripts/curate_verification.py) before building") from None
+        out.append(GpuRecords(gpu=path.parent.name, path=path, records=tuple(V.gpu_records(recs)), source=source))
     return out
 
 
@@ -131,10 +123,19 @@ def _median(xs: list[float]) -> float | None:
     return float(statistics.median(xs)) if xs else None
 
 
+def _compile_note(used: Sequence[dict[str, Any]]) -> str | None:
+    flags = sorted({f for r in used for f in (r.get("flags") or []) if f.startswith("compile_baseline")})
+    if any((r.get("timing") or {}).get("compile_ms") is not None for r in used):
+        return None
+    return ("torch.compile failed on this GPU (" + ", ".join(flags) + ")") if flags else "no torch.compile time recorded"
+
+
 def baseline_rows(problems: Sequence[Problem], results: Sequence[GpuRecords]) -> list[dict[str, Any]]:
-    """One row per (problem, GPU) with eager times: medians over the latest record per DSL."""
+    """One row per (problem, GPU): eager and torch.compile medians over the latest record per DSL, the
+    SOL time, and the shipped solutions' end-to-end and device times when their record matches."""
     rows = []
     for p in sorted(problems, key=lambda p: p.id):
+        shipped = V.shipped_hashes([p])
         for g in results:
             used = [r for dsl in DSLS
                     if (r := _latest(g.records, problem_id=p.id, dsl=dsl, problem_hash=p.hash)) is not None
@@ -146,11 +147,21 @@ def baseline_rows(problems: Sequence[Problem], results: Sequence[GpuRecords]) ->
             sizes = sorted({str(r.get("size")) for r in used})
             if len(sizes) != 1:
                 raise BuildError(f"{g.path}: problem {p.id} baselines measured at different sizes {sizes}")
+            kernel: dict[str, Any] = {}
+            for dsl in DSLS:
+                rec = next((r for r in used if r["dsl"] == dsl), None)
+                ok = (rec is not None and rec.get("status") == "ok"
+                      and shipped.get((p.id, dsl)) == (rec["problem_hash"], rec["kernel_sha256"]))
+                t = (rec or {}).get("timing") or {}
+                kernel[f"{dsl}_kernel_ms"] = t.get("kernel_ms") if ok else None
+                kernel[f"{dsl}_device_ms"] = t.get("kernel_device_ms") if ok else None
             rows.append({
                 "problem_id": p.id, "problem": p.name, "problem_hash": p.hash, "gpu": g.gpu,
                 "gpu_name": (used[0].get("env") or {}).get("gpu"), "size": sizes[0],
-                "eager_ms": _median(eager), "compile_ms": _median(comp),
+                "eager_ms": _median(eager), "compile_ms": _median(comp), "compile_note": _compile_note(used),
+                "sol_ms": float(p.sol.sol_ms), "sol_bound": str(p.sol.bound), **kernel,
                 "eager_ms_samples": eager, "compile_ms_samples": comp, "n_records": len(used),
                 "torch_versions": sorted({str((r.get("env") or {}).get("torch")) for r in used}),
+                "records_file": f"results/{g.gpu}/{RECORDS_FILE}",
             })
     return rows

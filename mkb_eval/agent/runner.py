@@ -336,6 +336,10 @@ class Runner:
         for (run, _, _), gen in zip(batch, gens):
             att = run.attempt
             assert att is not None
+            if gen.error:                  # this request failed: this trial's infrastructure error, the others go on
+                att.on_error(f"backend: {gen.error}")
+                self.progress.update(run.key.id, state=att.state)
+                continue
             sub = att.on_answer(gen)
             self.progress.update(run.key.id, tokens=att.completion_tokens, corrections=att.corrections,
                                  state="verifying" if sub else att.state)

@@ -46,7 +46,8 @@ def _plots(results: dict[str, Any]) -> dict[str, bytes]:
     groups = {"overall": results["overall"]["standing"]}
     groups.update({d: g["standing"] for d, g in results["by_direction"].items()})
     return {
-        "lift_by_problem": plots.lift_by_problem(results["problems"]),
+        "lift_by_problem": plots.lift_by_problem(results["problems"], results["overall"]["n_resolved"],
+                                                 results["overall"]["n_units"]),
         "standing": plots.standing(groups),
         "ladders": plots.ladders(results),
     }
@@ -70,10 +71,36 @@ def verdict_line(results: dict[str, Any]) -> str:
             f"outside the neutral band ±{100 * p['band']:g}%; {rounds} interleaved rounds; {timer}). {floor}.")
 
 
-def _summary_lines(run_dir: Path, results: dict[str, Any]) -> list[str]:
+def final_records(run_dir: Path) -> list[dict[str, Any]]:
+    """The latest raw record per (model, trial) of ``attempts.jsonl`` (torn lines skipped: the metrics warn)."""
+    latest: dict[tuple[str, str], dict[str, Any]] = {}
+    path = run_dir / "attempts.jsonl"
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines() if path.is_file() else []:
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(rec, dict) and rec.get("trial"):
+            latest[(str(rec.get("model")), str(rec["trial"]))] = rec
+    return list(latest.values())
+
+
+def tier_line(records: list[dict[str, Any]]) -> str:
+    tiers: dict[str, int] = {}
+    for r in records:
+        t = str(r.get("tier") or "not recorded")
+        tiers[t] = tiers.get(t, 0) + 1
+    text = ", ".join(f"{t} ({n} attempts)" for t, n in sorted(tiers.items())) or "none"
+    if "cpu" in tiers:
+        text += "; on the CPU tier no kernel runs: 'unverified' is neither a pass nor a speedup"
+    return f"Verification tier: {text}."
+
+
+def _summary_lines(run_dir: Path, results: dict[str, Any], records: list[dict[str, Any]] | None = None) -> list[str]:
     o = results["overall"]
     p = results["params"]
     return [
+        tier_line(records or []),
         verdict_line(results),
         f"Run: `{run_dir.name}`; models: {', '.join(results['models']) or 'none'}; "
         f"{results['n_records']} attempt records ({results['n_superseded']} superseded).",
@@ -87,10 +114,11 @@ def _summary_lines(run_dir: Path, results: dict[str, Any]) -> list[str]:
     ]
 
 
-def render_markdown(run_dir: Path, results: dict[str, Any], tables: list[Table], plot_files: dict[str, str]) -> str:
+def render_markdown(run_dir: Path, results: dict[str, Any], tables: list[Table], plot_files: dict[str, str],
+                    records: list[dict[str, Any]] | None = None) -> str:
     """The markdown report; plots are linked by relative path."""
     out = [f"# MetaKernelBench report: {run_dir.name}", ""]
-    out += [f"- {line}" for line in _summary_lines(run_dir, results)]
+    out += [f"- {line}" for line in _summary_lines(run_dir, results, records)]
     if results["warnings"]:
         out += ["", "## Input warnings", ""] + [f"- {w}" for w in results["warnings"]]
     out += ["", "## Plots", ""]
@@ -100,7 +128,8 @@ def render_markdown(run_dir: Path, results: dict[str, Any], tables: list[Table],
     return "\n".join(out) + "\n"
 
 
-def render_html(run_dir: Path, results: dict[str, Any], tables: list[Table], pngs: dict[str, bytes]) -> str:
+def render_html(run_dir: Path, results: dict[str, Any], tables: list[Table], pngs: dict[str, bytes],
+                records: list[dict[str, Any]] | None = None) -> str:
     """One self-contained HTML page: inline CSS, plots as data URIs, no scripts, no external links."""
     e = html.escape
     parts = [
@@ -109,7 +138,7 @@ def render_html(run_dir: Path, results: dict[str, Any], tables: list[Table], png
         f"<title>MetaKernelBench report: {e(run_dir.name)}</title><style>{_CSS}</style></head><body>",
         f"<h1>MetaKernelBench report: {e(run_dir.name)}</h1>",
     ]
-    parts += [f'<p class="meta">{e(line).replace("`", "")}</p>' for line in _summary_lines(run_dir, results)]
+    parts += [f'<p class="meta">{e(line).replace("`", "")}</p>' for line in _summary_lines(run_dir, results, records)]
     if results["warnings"]:
         items = "".join(f"<li>{e(w)}</li>" for w in results["warnings"])
         parts.append(f'<div class="warn"><strong>Input warnings</strong><ul>{items}</ul></div>')
@@ -152,7 +181,8 @@ def build_report(
     results = score(read_attempts(run_dir), margin=margin, floor=floor, n_resamples=n_resamples, seed=seed,
                     verdict=verdict, timings=timings, band=band, timer=timer,
                     noise_floor=noise_floor(run_gpu(run_dir)))
-    tables = all_tables(results)
+    records = final_records(run_dir)
+    tables = all_tables(results, records)
     pngs = _plots(results)
 
     (out_dir / "plots").mkdir(parents=True, exist_ok=True)
@@ -166,7 +196,7 @@ def build_report(
     paths["json"] = out_dir / "results.json"
     paths["json"].write_text(json.dumps(results, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     paths["markdown"] = out_dir / "report.md"
-    paths["markdown"].write_text(render_markdown(run_dir, results, tables, plot_files), encoding="utf-8")
+    paths["markdown"].write_text(render_markdown(run_dir, results, tables, plot_files, records), encoding="utf-8")
     paths["html"] = out_dir / "report.html"
-    paths["html"].write_text(render_html(run_dir, results, tables, pngs), encoding="utf-8")
+    paths["html"].write_text(render_html(run_dir, results, tables, pngs, records), encoding="utf-8")
     return paths

@@ -222,13 +222,45 @@ def unresolved_table(results: Mapping[str, Any]) -> Table:
                  ["model", "problem", "direction", "replicate", "reason"], rows)
 
 
-def all_tables(results: Mapping[str, Any]) -> list[Table]:
-    """The report's tables, in reading order."""
+TIER_NOTE = {"gpu": "GPU tier: kernels ran, were checked and timed",
+             "cpu": "CPU tier: reference at smoke size, static policy and compile-only checks; 'unverified' = "
+                    "compiled but never run, so no pass and no speedup"}
+
+
+def tier_status_table(records: Sequence[Mapping[str, Any]]) -> Table:
+    """Per arm: the verification tier(s) its final records used and how many ended in each status."""
+    statuses = [st for st in (*STATUS_ORDER, *sorted({str(r.get("status")) for r in records}))
+                if any(str(r.get("status")) == st for r in records)]
+    statuses = list(dict.fromkeys(statuses))
+    rows = []
+    for arm in ARMS:
+        mine = [r for r in records if r.get("arm") == arm]
+        tiers: dict[str, int] = {}
+        for r in mine:
+            t = str(r.get("tier") or "not recorded")
+            tiers[t] = tiers.get(t, 0) + 1
+        rows.append([arm, ", ".join(f"{t} {n}" for t, n in sorted(tiers.items())) or NA, str(len(mine)),
+                     *(str(sum(1 for r in mine if str(r.get("status")) == st)) for st in statuses),
+                     str(sum(1 for r in mine if r.get("error")))])
+    used = sorted({str(r.get("tier") or "not recorded") for r in records})
+    return Table("Verification tier and final status per arm", ["arm", "tier", "attempts", *statuses, "infra errors"],
+                 rows, "; ".join(TIER_NOTE.get(t, f"{t}: tier not recorded") for t in used))
+
+
+STATUS_ORDER = ("ok", "incorrect", "compile_error", "runtime_error", "timeout", "crashed", "policy_violation",
+                "no_dsl_kernel", "unverified", "skipped")
+
+
+def all_tables(results: Mapping[str, Any], records: Sequence[Mapping[str, Any]] = ()) -> list[Table]:
+    """The report's tables, in reading order (``records``: the raw final attempt records, for tiers)."""
     tables = [headline_table(results), ladder_table(results), standing_table(results), verdict_table(results),
               family_table(results)]
     if len(results["by_model"]) > 1:
         tables.append(model_table(results))
-    tables += [arm_table(results), problem_table(results)]
+    tables.append(arm_table(results))
+    if records:
+        tables.append(tier_status_table(records))
+    tables.append(problem_table(results))
     if any(not u["resolved"] for u in results["units"]):
         tables.append(unresolved_table(results))
     return tables

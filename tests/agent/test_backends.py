@@ -31,6 +31,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def do_GET(self) -> None:  # noqa: N802
+        if self.path == "/version":                    # vLLM's, beside /v1
+            return self._send(200, {"version": "0.32.0"})
         if self.headers.get("Authorization") != "Bearer k":
             return self._send(401, {"error": "unauthorized"})
         self._send(200, {"data": [{"id": "tiny", "max_model_len": 4096}]})
@@ -38,6 +40,8 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:  # noqa: N802
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         _Handler.seen.append(body)
+        if body["messages"][-1]["content"] == "crash me":
+            return self._send(500, {"error": "EngineCore encountered an issue"})
         text = "echo: " + body["messages"][-1]["content"]
         self._send(200, {"choices": [{"message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
                          "usage": {"prompt_tokens": 7, "completion_tokens": 3}})
@@ -59,11 +63,32 @@ def test_openai_backend_batch(server: str) -> None:
     gens = b.generate(convs, [Sampling(temperature=0.1, max_tokens=9, seed=i) for i in range(3)])
     assert [g.text for g in gens] == ["echo: q0", "echo: q1", "echo: q2"]
     assert gens[0].prompt_tokens == 7 and gens[0].completion_tokens == 3
-    sent = sorted(_Handler.seen[-3:], key=lambda d: d["seed"])
-    assert sent[1] == {"model": "tiny", "messages": convs[1], "temperature": 0.1, "top_p": 0.95, "max_tokens": 9,
-                       "seed": 1}
-    assert b.identity()["kind"] == "openai"
+    sent = sorted(_Handler.seen[-3:], key=lambda d: d["messages"][0]["content"])
+    assert sent[1] == {"model": "tiny", "messages": convs[1], "temperature": 0.1, "top_p": 0.95, "max_tokens": 9}
+    ident = b.identity()
+    assert ident["kind"] == "openai" and ident["server_version"] == "0.32.0" and ident["request_seeds"] is False
     b.close()
+
+
+def test_openai_backend_sends_seeds_only_when_asked(server: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    conv = [[{"role": "user", "content": "q"}]]
+    b = OpenAIBackend(server, "tiny", api_key="k", request_seeds=True)
+    b.generate(conv, [Sampling(seed=5)])
+    assert _Handler.seen[-1]["seed"] == 5 and b.identity()["request_seeds"] is True
+    monkeypatch.setenv("MKB_OPENAI_SEED", "1")
+    assert OpenAIBackend(server, "tiny", api_key="k").request_seeds is True
+    monkeypatch.setenv("MKB_OPENAI_SEED", "0")
+    b = OpenAIBackend(server, "tiny", api_key="k")
+    b.generate(conv, [Sampling(seed=5)])
+    assert "seed" not in _Handler.seen[-1]
+
+
+def test_one_failed_request_is_that_conversations_error_only(server: str) -> None:
+    b = OpenAIBackend(server, "tiny", api_key="k")
+    convs = [[{"role": "user", "content": c}] for c in ("a", "crash me", "b")]
+    gens = b.generate(convs, [Sampling()] * 3)
+    assert [g.text for g in gens] == ["echo: a", "", "echo: b"] and [g.error is None for g in gens] == [True, False, True]
+    assert "answered HTTP 500" in gens[1].error and gens[1].finish_reason == "error"
 
 
 def test_openai_backend_errors(server: str) -> None:

@@ -155,3 +155,26 @@ def test_warm_pool_hands_each_verification_a_started_worker() -> None:
     pool.close()
     assert rec["status"] == "unverified" and rec["sandbox"]["worker"].startswith("warm"), rec["message"]
     assert idle and all(w.proc.poll() is not None for w in idle)
+
+
+class OneFailedRequestBackend(ScriptedBackend):
+    """Answers every conversation of a batch, except that the solo CuTe DSL trial's request failed (as the
+    OpenAI backend reports a failed request: a Generation with ``error``)."""
+
+    def generate(self, conversations, sampling):  # noqa: ANN001
+        from mkb_eval.agent.backends import Generation
+
+        gens = super().generate(conversations, sampling)
+        return [Generation(text="", prompt_tokens=0, completion_tokens=0, finish_reason="error",
+                           error="http://127.0.0.1:1/v1/chat/completions answered HTTP 500: engine dead")
+                if "_cutedsl`" in c[0]["content"] else g for c, g in zip(conversations, gens)]
+
+
+def test_one_failed_request_is_that_trials_error_and_the_run_goes_on(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    summary, _ = run_trials(opts(run, arms="solo_cutedsl,solo_tirx"), backend=OneFailedRequestBackend(solution_script),
+                            log=lambda s: None)
+    assert summary is not None
+    recs = {r["trial"]: r for r in lines(run)}
+    assert "answered HTTP 500" in recs["p28_r1_solo_cutedsl"]["error"]
+    assert recs["p28_r1_solo_tirx"]["error"] is None and recs["p28_r1_solo_tirx"]["status"] == "unverified"

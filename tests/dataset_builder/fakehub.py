@@ -109,10 +109,24 @@ class FakeHub:
         })
 
     def _tree(self, req: httpx2.Request, repo: Repo, rest: str, repo_id: str) -> httpx2.Response:
-        snap = repo.files_at(rest.split("/")[0] or "main")
+        """``tree/<rev>[/<folder>]``: the folder's files and sub-folders (all below it with ``recursive``)."""
+        rev, _, folder = rest.partition("/")
+        snap = repo.files_at(rev or "main")
         files = snap[1] if snap else {}
-        return httpx2.Response(200, json=[{"type": "file", "path": p, "size": len(b),
-                                           "oid": hashlib.sha1(b).hexdigest()} for p, b in sorted(files.items())])
+        recursive = req.url.params.get("recursive") in ("true", "True", "1")
+        prefix = f"{folder.strip('/')}/" if folder.strip("/") else ""
+        out: dict[str, dict] = {}
+        for p, b in sorted(files.items()):
+            if not p.startswith(prefix):
+                continue
+            parts = p[len(prefix):].split("/")
+            for depth in range(1, len(parts)):
+                d = prefix + "/".join(parts[:depth])
+                if recursive or depth == 1:
+                    out.setdefault(d, {"type": "directory", "path": d, "oid": hashlib.sha1(d.encode()).hexdigest()})
+            if recursive or len(parts) == 1:
+                out[p] = {"type": "file", "path": p, "size": len(b), "oid": hashlib.sha1(b).hexdigest()}
+        return httpx2.Response(200, json=[out[k] for k in sorted(out)])
 
     def _preupload(self, req: httpx2.Request, repo: Repo, rest: str, repo_id: str) -> httpx2.Response:
         files = json.loads(req.content)["files"]

@@ -67,3 +67,34 @@ def test_configs_yaml_and_features_cannot_drift(monkeypatch, tmp_path: Path):
             F.config_specs()
     finally:
         F.config_specs.cache_clear()
+
+
+def test_the_card_declares_features_sources_authors_and_measurements(built: Built):
+    card = DatasetCard.load(built.out / "README.md")
+    info = {c["config_name"]: c["features"] for c in card.data.to_dict()["dataset_info"]}
+    assert list(info) == list(config_specs())
+    for name, spec in config_specs().items():
+        assert datasets.Features._from_yaml_list(info[name]) == spec.features
+    body = card.text
+    assert "## Source datasets and licences" in body and "| FlashInfer-Trace workload definitions |" in body
+    assert "## Authors" in body and "@misc{metakernelbench_dataset" in body
+    assert "`h200`: `results/h200/verification.jsonl`" in body
+
+
+def test_plain_datasets_load_dataset_works_on_the_hub_as_the_card_says(built: Built, fake_hub, tmp_path: Path,
+                                                                        monkeypatch):
+    from dataset_builder.push import push_dataset
+
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)       # the fake Hub answers; nothing leaves
+
+    push_dataset(built.out, "MetaKernelBench/metakernelbench", "v1.0.0", push=True, token="hf_test")
+    solutions = datasets.load_dataset("MetaKernelBench/metakernelbench", "solutions", split="test", revision="v1.0.0",
+                                      cache_dir=str(tmp_path / "c"))
+    verified = solutions.filter(lambda r: r["verified"] and r["gpu"] == "h200")
+    assert len(verified) == len(solutions) == built.result.rows["solutions"]
+    baselines = datasets.load_dataset("MetaKernelBench/metakernelbench", "baselines", split="test", revision="v1.0.0",
+                                      cache_dir=str(tmp_path / "c"))
+    assert sorted(baselines["problem_id"]) == list(IDS)
+    text = (built.out / "README.md").read_text()
+    assert ('solutions = load_dataset("MetaKernelBench/metakernelbench", "solutions", split="test", revision="v1.0.0")'
+            in text)

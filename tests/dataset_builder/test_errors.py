@@ -118,9 +118,9 @@ def test_refuses_to_replace_a_folder_that_is_not_a_build(tmp_path: Path):
 def test_a_torn_verification_record_fails_the_build(tmp_path: Path):
     res = tmp_path / "results" / "h200"
     res.mkdir(parents=True)
-    good = (Path(__file__).resolve().parents[2] / "results" / "h200" / "verify.jsonl").read_text().splitlines()[0]
-    (res / "verify.jsonl").write_text(good + "\n" + good[:50] + "\n")
-    with pytest.raises(BuildError, match=r"verify.jsonl:2: unreadable record skipped .*fix or remove the line"):
+    good = (Path(__file__).resolve().parents[2] / "results" / "h200" / "verification.jsonl").read_text().splitlines()[0]
+    (res / "verification.jsonl").write_text(good + "\n" + good[:50] + "\n")
+    with pytest.raises(BuildError, match=r"verification.jsonl:2: not JSON .*fix the set"):
         build_dataset(BuildOptions(out=tmp_path / "o", version="1.0.0", configs=("problems", "solutions"),
                                    problem_ids=(28,), results_root=tmp_path / "results"))
 
@@ -134,7 +134,7 @@ def test_records_of_another_kernel_are_not_joined(tmp_path: Path):
     p = P.find(28)
     rec = {"kind": "verification", "tier": "gpu", "problem_id": 28, "dsl": "tirx", "problem_hash": p.hash,
            "kernel_sha256": "f" * 64, "status": "ok", "env": {"gpu": "NVIDIA H200"}, "timing": {"kernel_ms": 0.1}}
-    (res / "verify.jsonl").write_text(json.dumps(rec) + "\n" + json.dumps({**rec, "tier": "cpu"}) + "\n")
+    (res / "verification.jsonl").write_text(json.dumps(rec) + "\n" + json.dumps({**rec, "tier": "cpu"}) + "\n")
     rows = [r for r in solution_rows([p], read_results(tmp_path / "results")) if r["dsl"] == "tirx"]
     assert len(rows) == 1 and rows[0]["verified"] is False and rows[0]["gpu"] is None
     assert rows[0]["note"] == ("no GPU verification record for this kernel and problem version "

@@ -56,7 +56,7 @@ def test_task_rows_are_the_rendered_prompts(built: Built, tmp_path: Path):
 
 
 def _records() -> list[dict]:
-    path = Path(__file__).resolve().parents[2] / "results" / "h200" / "verify.jsonl"
+    path = Path(__file__).resolve().parents[2] / "results" / "h200" / "verification.jsonl"
     return [r for r in read_jsonl(path) if r.get("kind") == "verification" and r.get("tier") == "gpu"]
 
 
@@ -95,6 +95,13 @@ def test_baseline_rows_are_medians_of_the_records(built: Built, tmp_path: Path):
         assert r["eager_ms_samples"] == [x["timing"]["eager_ms"] for x in recs]
         assert r["eager_ms"] == pytest.approx(statistics.median(r["eager_ms_samples"]))
         assert r["n_records"] == len(recs) and r["size"] == "full"
+        p = P.find(r["problem_id"])
+        assert r["sol_ms"] == pytest.approx(p.sol.sol_ms) and r["sol_bound"] == p.sol.bound
+        assert r["records_file"] == "results/h200/verification.jsonl"
+        for x in recs:                     # the shipped solutions' times come from their own records
+            assert r[f"{x['dsl']}_device_ms"] == x["timing"]["kernel_device_ms"]
+            assert r[f"{x['dsl']}_kernel_ms"] == x["timing"]["kernel_ms"]
+        assert (r["compile_ms"] is None) == (r["compile_note"] is not None)
 
 
 def test_attempt_rows_are_the_latest_run_records_with_their_files(built: Built, tmp_path: Path):

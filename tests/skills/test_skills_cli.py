@@ -31,7 +31,7 @@ def test_release_then_index_then_export(run_dir: Path, corpus_dir: Path, tmp_pat
     assert run_mkb(["skills", "export", "--format", "dpo", "--corpus", str(corpus_dir), "--out", str(out)],
                    monkeypatch) == 0
     assert "wrote 1 dpo records" in capsys.readouterr().out
-    assert json.loads(out.read_text())["meta"]["problem_id"] == 28
+    assert json.loads(out.read_text())["problem_id"] == 28
 
 
 def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, monkeypatch, capsys):
