@@ -55,6 +55,12 @@ class Generation:
     """Set when this one request failed (the trial's infrastructure error); the text is then empty."""
 
 
+def failed(message: str, t0: float) -> Generation:
+    """A request that failed: that trial's infrastructure error; the batch's other requests go on."""
+    return Generation(text="", prompt_tokens=0, completion_tokens=0, finish_reason="error",
+                      seconds=time.perf_counter() - t0, error=message)
+
+
 class Backend(Protocol):
     """What the attempt runner needs from a model."""
 
@@ -168,7 +174,12 @@ class VllmBackend:
         params = [SamplingParams(temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_tokens,
                                  seed=s.seed if self._request_seeds else None) for s in sampling]
         t0 = time.perf_counter()
-        outs = self._llm.chat([list(c) for c in conversations], params, use_tqdm=False)
+        try:
+            outs = self._llm.chat([list(c) for c in conversations], params, use_tqdm=False)
+        except Exception as e:  # noqa: BLE001 - one bad request must not end the run: find it, fail it alone
+            if len(conversations) == 1:
+                return [failed(f"vLLM: {type(e).__name__}: {str(e)[:300]}", t0)]
+            return [g for c, s in zip(conversations, sampling) for g in self.generate([c], [s])]
         dt = time.perf_counter() - t0
         gens = []
         for o in outs:
@@ -277,14 +288,9 @@ class OpenAIBackend:
                               completion_tokens=int(usage.get("completion_tokens", 0)),
                               finish_reason=str(choice.get("finish_reason")), seconds=time.perf_counter() - t0)
         except BackendError as e:
-            return self._failed(str(e), t0)
+            return failed(str(e), t0)
         except (KeyError, IndexError, TypeError, ValueError, AttributeError):
-            return self._failed(f"{self.base_url}/chat/completions answered without choices[0].message", t0)
-
-    @staticmethod
-    def _failed(message: str, t0: float) -> Generation:
-        return Generation(text="", prompt_tokens=0, completion_tokens=0, finish_reason="error",
-                          seconds=time.perf_counter() - t0, error=message)
+            return failed(f"{self.base_url}/chat/completions answered without choices[0].message", t0)
 
     def generate(self, conversations: Sequence[Sequence[Message]], sampling: Sequence[Sampling]) -> list[Generation]:
         futs = [self._pool.submit(self._one, c, s) for c, s in zip(conversations, sampling)]
@@ -324,12 +330,20 @@ class TransformersBackend:
         if self._tok.pad_token is None:
             self._tok.pad_token = self._tok.eos_token
         self._model = AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype)).to(device).eval()
+        self._weights_bytes = sum(p.numel() * p.element_size() for p in self._model.parameters())
         self.max_context = getattr(self._model.config, "max_position_embeddings", None)
 
     def identity(self) -> dict[str, Any]:
-        return {"kind": "transformers", "model": self.name, "path": str(self._path), "dtype": self._dtype,
-                "transformers": self._tf_version, "torch": self._torch.__version__, "device": self._device,
-                "max_context": self.max_context}
+        ident = {"kind": "transformers", "model": self.name, "path": str(self._path), "dtype": self._dtype,
+                 "transformers": self._tf_version, "torch": self._torch.__version__, "device": self._device,
+                 "max_context": self.max_context}
+        if self._device == "cuda":      # the engine shares the GPU with the verifier's workers: say how much it holds
+            cuda = self._torch.cuda
+            ident["gpu_memory"] = {"engine_weights_gib": round(self._weights_bytes / 2**30, 3),
+                                   "device_total_gib": round(cuda.get_device_properties(0).total_memory / 2**30, 1),
+                                   "split": "in-process engine: weights + activations of a batch; the verifier's "
+                                            "workers take the rest (each its own CUDA context)"}
+        return ident
 
     def count_prompt_tokens(self, messages: Sequence[Message]) -> int | None:
         return len(_apply_template(self._tok, messages))
@@ -365,16 +379,29 @@ class TransformersBackend:
                                    seconds=dt))
         return gens
 
+    def _guarded(self, convs: list[Sequence[Message]], s: Sampling) -> list[Generation]:
+        """``_batch``, with a failure turned into errors of the requests that cause it: a batch that runs out of
+        GPU memory (beside the verifier's workers) or fails otherwise is generated again one request at a time."""
+        t0 = time.perf_counter()
+        try:
+            return self._batch(convs, s)
+        except Exception as e:  # noqa: BLE001 - OOM, a context overflow, a bad sampling setting: that trial's error
+            if self._device == "cuda":
+                self._torch.cuda.empty_cache()
+            if len(convs) > 1:
+                return [g for c in convs for g in self._guarded([c], s)]
+            return [failed(f"transformers: {type(e).__name__}: {str(e)[:300]}", t0)]
+
     def generate(self, conversations: Sequence[Sequence[Message]], sampling: Sequence[Sampling]) -> list[Generation]:
         out: list[Generation | None] = [None] * len(conversations)
         groups: dict[Sampling, list[int]] = {}
         for i, s in enumerate(sampling):
             if s.seed is not None:   # a seeded request is generated alone so its seed means something
-                out[i] = self._batch([conversations[i]], s)[0]
+                out[i] = self._guarded([conversations[i]], s)[0]
             else:
                 groups.setdefault(s, []).append(i)
         for s, idx in groups.items():
-            for i, g in zip(idx, self._batch([conversations[i] for i in idx], s)):
+            for i, g in zip(idx, self._guarded([conversations[i] for i in idx], s)):
                 out[i] = g
         return [g for g in out if g is not None]
 
@@ -450,6 +477,6 @@ def open_backend(spec: ModelSpec, *, engine: str = "vllm", device: str = "cpu", 
         return VllmBackend(path, name=spec.name, dtype=dtype or ("float32" if device == "cpu" else "auto"),
                            max_model_len=max_model_len, seed=seed, device=device)
     if engine == "transformers":
-        return TransformersBackend(path, name=spec.name, dtype=dtype or "float32",
+        return TransformersBackend(path, name=spec.name, dtype=dtype or ("bfloat16" if device == "cuda" else "float32"),
                                    device="cuda" if device == "cuda" else "cpu")
     raise BackendError(f"unknown engine {engine!r}; choose vllm or transformers")

@@ -48,6 +48,25 @@ def test_transformers_backend_generates(embedded: Path) -> None:
 
 
 @pytest.mark.slow
+def test_transformers_backend_fails_one_request_not_the_batch(embedded: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A request the engine cannot generate (here: its batch raises whenever it holds the bad prompt, as an
+    out-of-memory or context overflow would) becomes that trial's error; the batch's others are answered."""
+    b = TransformersBackend(embedded, name="smollm2-135m-instruct")
+    real = b._batch
+
+    def batch(convs, s):  # type: ignore[no-untyped-def]
+        if any(c[-1]["content"] == "too long" for c in convs):
+            raise RuntimeError("CUDA out of memory (simulated)")
+        return real(convs, s)
+
+    monkeypatch.setattr(b, "_batch", batch)
+    convs = [[{"role": "user", "content": "What is 2+2?"}], [{"role": "user", "content": "too long"}]]
+    gens = b.generate(convs, [Sampling(temperature=0.0, max_tokens=4)] * 2)
+    assert gens[0].error is None and gens[0].completion_tokens > 0
+    assert gens[1].error and "out of memory" in gens[1].error and gens[1].text == ""
+
+
+@pytest.mark.slow
 def test_vllm_cpu_engine_runs_a_skill_transfer_cell(embedded: Path, tmp_path: Path) -> None:
     run = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "CUTE_DSL_ARCH": "sm_90a"}
