@@ -443,8 +443,8 @@ def _run_cpu(rec: VerificationRecord, prob: P.Problem, dsl: str, w: _Worker, lim
 
     from mkb_eval.harness.judge import Judge
 
-    from mkb_eval.harness import tensors
-    from mkb_eval.harness.tolerance import check_structure
+    from mkb_eval.harness import transport
+    from mkb_eval.harness.tolerance import Mismatch, check_descriptor
 
     root = w.root
     job = _job(prob, dsl, root, "cpu", "smoke", "cpu", user=w.limits.sandbox.run_as)
@@ -458,7 +458,13 @@ def _run_cpu(rec: VerificationRecord, prob: P.Problem, dsl: str, w: _Worker, lim
     try:
         msg, how = w.wait_for(("final",), limits.cpu_s)
         out_path = root / "out" / "cpu_out.pt"
-        bad = check_structure(tensors.load(out_path), ref) if msg and out_path.exists() else None
+        bad = None
+        if msg and os.path.lexists(out_path):
+            try:                                  # the worker's file: strictly parsed, structure only
+                with transport.open_output(out_path) as saved:
+                    bad = check_descriptor(saved.root, ref)
+            except transport.TransportError as e:
+                bad = Mismatch("output", f"unreadable output file: {e}")
         if msg and msg["status"] == "unverified" and bad:
             rec.status, rec.stage = "incorrect", "structure"
             rec.message = f"the returned structure does not match the reference's: {bad}"

@@ -60,6 +60,14 @@ class Stop(Exception):
         self.status, self.message, self.extra = status, message, extra
 
 
+def _check_guard(watch: Any, where: str) -> None:
+    """policy_violation when the candidate called into the task or removed the guard (``guard``)."""
+    found = watch.check()
+    if found:
+        raise Stop("policy_violation", f"{'; '.join(found)} — detected {where}",
+                   flags=["reference_call" if watch.violations else "guard_tamper"])
+
+
 def _preload() -> None:
     """A warm-pool worker imports torch and both toolchains while it waits for a job."""
     import torch  # noqa: F401
@@ -137,12 +145,15 @@ def run(job: dict[str, Any], chan: Channel, progress: Any) -> dict[str, Any]:
     problem = _import_file(Path(job["problem_dir"]) / "reference.py", "mkb_task")
     make_inputs = problem.make_inputs
     size = job["size"]
+    from mkb_eval.harness import guard
+
+    watch = guard.install(problem)                      # before the candidate exists: calls into the task are caught
 
     from mkb_eval.harness.tolerance import reference_numerics
 
     def make(seed: int) -> list[Any]:
         manual_seed(seed)
-        with reference_numerics():        # the same numerics flags as the judge, whatever solve set
+        with reference_numerics(), watch.harness():  # the same numerics flags as the judge, whatever solve set
             return make_inputs(size, job["device"])
 
     out_dir = Path(job["out_dir"])
@@ -157,6 +168,7 @@ def run(job: dict[str, Any], chan: Channel, progress: Any) -> dict[str, Any]:
     try:
         cand = _import_file(Path(job["kernel_path"]), "mkb_candidate")
     except BaseException as e:  # noqa: BLE001
+        _check_guard(watch, "at import")
         raise Stop(_classify(e, False), _format_exc(e)) from None
     solve = getattr(cand, "solve", None)
     if not callable(solve):
@@ -168,10 +180,12 @@ def run(job: dict[str, Any], chan: Channel, progress: Any) -> dict[str, Any]:
         try:
             out = solve(*inputs)
         except BaseException as e:  # noqa: BLE001
+            check_tamper(what)
             raise Stop(_classify(e, log.total() > before), f"{what}: " + _format_exc(e)) from None
         return out, log.total() - before
 
     def check_tamper(where: str) -> None:
+        _check_guard(watch, where)
         bad = clock.tampered()
         if torch.manual_seed is not manual_seed:
             bad.append("torch.manual_seed")
@@ -181,7 +195,9 @@ def run(job: dict[str, Any], chan: Channel, progress: Any) -> dict[str, Any]:
 
     check_tamper("after import")
     if tier == "cpu":
-        return _cpu_tier(job, make, call, log, progress, import_s)
+        result = _cpu_tier(job, make, call, log, progress, import_s)
+        check_tamper("before the report")
+        return result
 
     # ---- gate 1: start and imports overlap anything; GPU work waits for the GPU's lane ----------
     progress("ready")
@@ -261,6 +277,7 @@ def run(job: dict[str, Any], chan: Channel, progress: Any) -> dict[str, Any]:
         raise Stop("runtime_error", "the CUDA context failed after the DSL-dependence draw: " + _format_exc(e)) from None
 
     log.on_compile = None                # compiles from here on (in timing) are the candidate's time
+    check_tamper("before the phase-1 report")
     chan.send(kind="phase1", stage="correctness", draws=draws, nodsl=nodsl, poisoned_bytes=poisoned,
               import_s=import_s, first_call_s=first_call_s, correctness_s=corr_s)
     # ---- gate: the parent judges phase 1 ----------------------------------------------------
@@ -297,6 +314,7 @@ def run(job: dict[str, Any], chan: Channel, progress: Any) -> dict[str, Any]:
         res = time_draws(timed, make, job["warmup_seeds"], job["timing_seeds"], clock, device, keep=keep,
                          on_draw=lambda phase, k: progress(phase, draw=k) if k % 10 == 0 else None)
     except BaseException as e:  # noqa: BLE001
+        check_tamper("in timing")
         raise Stop(_classify(e, True), "timing: " + _format_exc(e)) from None
     timing_s = time.perf_counter() - t_time
     probe.append(cpu_probe_ms())
@@ -312,6 +330,7 @@ def run(job: dict[str, Any], chan: Channel, progress: Any) -> dict[str, Any]:
     except BaseException:  # noqa: BLE001
         dev_ms = None
     progress("report")
+    check_tamper("before the report")
     return {"status": "timed", "times_ms": res.times_ms, "device_ms": dev_ms,
             "launches_per_call": sorted(set(launch_counts)), "timing_s": timing_s, "host_call_ms": host_ms,
             "cpu_probe_ms": max(probe)}
