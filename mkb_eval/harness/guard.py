@@ -105,8 +105,11 @@ class Guard:
             return False
         if name != "reference" and self._harness_thread == self._get_ident():
             return True                       # the harness's own make_inputs and its helpers
-        what = "reference" if name == "reference" else f"the task's {name}"
-        msg = f"the candidate called {what} ({code.co_name}, line {code.co_firstlineno})"
+        if name == "<module>":
+            msg = "the candidate re-imported or exec'd the task's reference.py"
+        else:
+            what = "reference" if name == "reference" else f"the task's {name}"
+            msg = f"the candidate called {what} ({code.co_name}, line {code.co_firstlineno})"
         if msg not in self.violations:
             self.violations.append(msg)
         raise ReferenceCall(msg)
@@ -203,8 +206,9 @@ class _Tracing(Guard):
 
     def _installed(self) -> list[str]:
         bad = []
-        if self._gettrace() is not self._fn:       # (CPython also removes it when it raised ReferenceCall)
-            bad.append("the guard's trace function was removed or replaced")
+        if self._gettrace() is not self._fn:
+            if not (self.violations and self._gettrace() is None):   # CPython unsets a trace function that raised
+                bad.append("the guard's trace function was removed or replaced")
             sys.settrace(self._fn)
         if self._tgettrace is not None and self._tgettrace() is not self._fn:
             bad.append("the guard's trace function for new threads was removed or replaced")

@@ -271,8 +271,10 @@ class _Worker:
             self._ready_r = None
 
     def facts(self) -> dict[str, str]:
-        net = [m.get("network") for m in self.messages() if m.get("stage") == "setup"]
+        setup = [m for m in self.messages() if m.get("stage") == "setup"][:1]   # sent before the candidate existed
+        net = [m.get("network") for m in setup]
         return {**self.sandbox.facts, "network": net[-1] if net else "unknown (worker never started)",
+                "outside_write": str(setup[0].get("outside_write", "unknown")) if setup else "unknown",
                 "worker": ("warm (forked from a server with the toolchains imported)" if self.forked else
                            "warm (started ahead, toolchains preloaded)" if self.preloaded else "cold"),
                 "leftover_processes": str(getattr(self, "leftover", 0))}
@@ -357,9 +359,26 @@ def verify(problem: P.Problem | str | int, dsl: str, kernel: str | Path, *, tier
         rec.message, rec.stdout_tail, rec.stderr_tail = (
             redact_paths(x, root) for x in (rec.message, rec.stdout_tail, rec.stderr_tail))
         rec.stages_s["total"] = round(time.perf_counter() - t_start, 3)
+        warn_unconfined(rec.sandbox)
         if not keep_dir:
             shutil.rmtree(root, ignore_errors=True)
     return rec
+
+
+_WARNED: list[str] = []
+
+
+def warn_unconfined(facts: dict[str, str]) -> None:
+    """Warn once per process when a worker could write outside its evaluation folder (no Landlock)."""
+    ow = facts.get("outside_write", "unknown")
+    if _WARNED or ow in ("denied", "unknown") or ow.startswith("denied"):
+        return
+    _WARNED.append(ow)
+    import warnings
+
+    warnings.warn(f"the worker could write outside its evaluation folder ({facts.get('confinement', '?')}): "
+                  "candidate code runs with this user's rights on files; see the record's sandbox facts",
+                  RuntimeWarning, stacklevel=3)
 
 
 def verify_source(problem: P.Problem | str | int, dsl: str, source: str, **kwargs: Any) -> dict[str, Any]:

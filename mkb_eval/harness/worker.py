@@ -116,10 +116,12 @@ def main(argv: list[str]) -> int:
         report(kind="progress", stage=s, t=time.time(), **kw)
 
     _pin(job.get("work_cpus"))               # start-up and compilation stay off the timing cores
+    from mkb_eval.harness.confine import outside_write
     from mkb_eval.harness.sandbox import network_isolated
 
     try:
-        progress("setup", network="isolated" if network_isolated() else "shared")
+        progress("setup", network="isolated" if network_isolated() else "shared",
+                 outside_write=outside_write(Path(job["out_dir"]).parent))     # before the candidate exists
         result = run(job, chan, progress)
         report(kind="final", status=result.pop("status"), stage="done", **result)
     except Stop as s:
