@@ -4,11 +4,11 @@ Whoever runs the verifier (root, whose worker becomes ``nobody``, or an ordinary
 keeps that user's rights), the worker may write only in its evaluation folder (and the GPU and a few
 harmless devices), and read only what a worker needs: the system's programs and libraries
 (``/usr``, ``/lib*``, ``/bin``, ``/sbin``, ``/opt``), ``/etc`` less its secrets (shadow, sudoers, ssh, ssl,
-...), ``/proc`` and ``/sys``, the Python installation and its packages, the harness's code and the
+...), ``/sys``, ``/proc`` less other processes' folders (so not the parent's environment), the Python installation and its packages, the harness's code and the
 problem folders, and its own folder. Not the user's home, the results store, the caches, other
 evaluations' folders, the fork server's folder or ``/tmp``. Landlock also keeps the worker from
-ptrace-ing (so from reading ``/proc/<pid>/environ`` or ``mem`` of) processes outside its domain, and
-from ABI 6 on, from signalling them or reaching their abstract UNIX sockets.
+ptrace-ing (or reading the memory of) processes outside its domain, and from ABI 6 on, from signalling
+them or reaching their abstract UNIX sockets.
 
 The parent makes the rules (``plan``, plain data, so a fork server can receive them); the freshly forked
 child applies them (``apply``) before it drops to the worker's user. Where Landlock is missing the plan
@@ -36,7 +36,7 @@ _SCOPE_ABSTRACT_UNIX, _SCOPE_SIGNAL = 1 << 0, 1 << 1
 READ = EXECUTE | READ_FILE | READ_DIR
 _FILE_ONLY = EXECUTE | WRITE_FILE | READ_FILE | TRUNCATE   # the rights a rule on a non-directory may hold
 
-_SYSTEM_READ = ("/usr", "/lib", "/lib32", "/lib64", "/libx32", "/bin", "/sbin", "/opt", "/proc", "/sys")
+_SYSTEM_READ = ("/usr", "/lib", "/lib32", "/lib64", "/libx32", "/bin", "/sbin", "/opt", "/sys")
 _DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
 _ETC_SECRET = ("shadow", "gshadow", "sudoers", "ssh", "ssl", "pki", "security", "credstore", "krb5", "docker",
                "containerd", "kubernetes", "wireguard", "openvpn", "NetworkManager", "netrc", "cups", "libvirt",
@@ -109,6 +109,14 @@ def plan(folder: Path, code: Path, extra_read: list[str] | None = None) -> tuple
         for e in os.scandir("/etc"):
             if not e.name.startswith(_ETC_SECRET):
                 rules.append((e.path, READ))
+    except OSError:
+        pass
+    # /proc: the system-wide entries and the worker's own process (``/proc/self`` is opened by the child,
+    # so the rule lands on its own pid); not other processes' folders (their environ, cmdline, maps)
+    rules += [("/proc", READ_DIR), ("/proc/self", READ)]
+    try:
+        rules += [(e.path, READ) for e in os.scandir("/proc") if not e.name.isdigit()
+                  and e.name not in ("self", "thread-self")]
     except OSError:
         pass
     rules.append(("/dev", READ_DIR))

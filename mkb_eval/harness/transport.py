@@ -156,7 +156,8 @@ def capture(value: Any) -> Captured:
         except Exception as e:  # noqa: BLE001 - whatever an odd object raises becomes the reason
             return Refused(f"copying a {_name(v)} raised {_name(e)}")
 
-    return Captured(walk(value, 0))
+    tree = walk(value, 0)
+    return Captured(Refused(f"more than {MAX_NODES} values in the output") if count[0] > MAX_NODES else tree)
 
 
 def write(value: Any, path: Path) -> None:
