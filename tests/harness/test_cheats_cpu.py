@@ -63,6 +63,7 @@ def test_a_forked_worker_is_confined_too(p28):
     from mkb_eval.harness.pool import WarmPool
 
     with WarmPool(fork=True) as pool:
+        pool.fill("cpu", 0, LIMITS)
         rec = verify(p28, "cutedsl", _wrong(p28) / "cheat_escape_write.py", tier="cpu", pool=pool, limits=LIMITS)
     assert "forked" in rec.sandbox["worker"], rec.sandbox
     assert rec.status == "runtime_error" and "PermissionError" in rec.message, rec.message[-1500:]
