@@ -25,8 +25,9 @@ source under its own file name or under another name (same bytecode). Not caught
 re-implemented with changed bytecode (any edit to its body: that is the candidate's own torch code,
 which the DSL-dependence draw judges), code run inside another monitoring / trace / profile callback
 (CPython fires no events there), code run by ``torch.compile`` from a rewritten frame, threads started
-with ``_thread`` on 3.11, and a candidate that removes the guard and restores it exactly (found and
-restored through ``gc``) between two checks. The process is the candidate's: the guard raises the
+with ``_thread`` on 3.11, a candidate that finds the guard (``gc``) and opens its harness window to call
+``make_inputs`` (never ``reference``), and one that removes the guard and restores it exactly between
+two checks. The process is the candidate's: the guard raises the
 cost of cheating, the parent's verdict does not rest on it alone.
 """
 
