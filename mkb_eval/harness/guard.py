@@ -225,4 +225,9 @@ def install(module: types.ModuleType, mechanism: str | None = None) -> Guard:
     ``mechanism`` ("monitoring" | "trace") forces one, for tests; default: the best this Python has."""
     if mechanism is None:
         mechanism = "monitoring" if hasattr(sys, "monitoring") else "trace"
-    return _Monitoring(module) if mechanism == "monitoring" else _Tracing(module)
+    if mechanism == "monitoring":
+        try:
+            return _Monitoring(module)
+        except RuntimeError:            # every tool id taken (by the harness's imports): trace instead
+            pass
+    return _Tracing(module)
