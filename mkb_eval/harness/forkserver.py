@@ -84,6 +84,9 @@ def serve(fd: int) -> None:
         _send(sock, {"error": "CUDA was initialised while importing; forked workers could not use the GPU"})
         return
     unshare = ctypes.CDLL(None, use_errno=True).unshare
+    from mkb_eval.harness import confine
+
+    confine.libc()                     # loaded here, not in each forked child
     gc.collect()
     gc.freeze()                        # the imported objects stay shared with every child (no copy on write)
     wake_r, wake_w = os.pipe()

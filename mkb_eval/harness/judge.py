@@ -18,9 +18,9 @@ from typing import Any
 
 import torch
 
-from mkb_eval.harness import attest, tensors
+from mkb_eval.harness import attest, tensors, transport
 from mkb_eval.harness.timing import Clock, TimingResult, time_draws
-from mkb_eval.harness.tolerance import Mismatch, compare, reference_numerics, run_reference
+from mkb_eval.harness.tolerance import Mismatch, check_descriptor, compare, reference_numerics, run_reference
 from mkb_eval.problems import Problem, load_module
 
 
@@ -84,10 +84,19 @@ class Judge:
                 if before is not None and after is not None and tuple(after) != tuple(before) \
                         and pos not in self.problem.mutates:
                     return Mismatch(f"input[{pos}]", "modified by solve; this problem's inputs are read-only")
-        if not out_path.exists():
+        if not os.path.lexists(out_path):
             return Mismatch("output", "the worker saved no output for this draw")
-        out = tensors.to_device(tensors.load(out_path), self.device)
-        ref, anchor = self.expected(inputs)
+        # the file is the untrusted worker's: parsed strictly, its structure checked against the
+        # reference's before a byte of tensor data is read (see transport)
+        try:
+            with transport.open_output(out_path) as saved:
+                ref, anchor = self.expected(inputs)
+                bad = check_descriptor(saved.root, ref)
+                if bad:
+                    return bad
+                out = tensors.to_device(saved.values(), self.device)
+        except transport.TransportError as e:
+            return Mismatch("output", f"unreadable output file: {e}")
         if self.io_bytes is None:
             self.io_bytes = (sum(t.numel() * t.element_size() for t in tensors.walk(inputs)),
                              sum(t.numel() * t.element_size() for t in tensors.walk(ref)))

@@ -1,11 +1,12 @@
-"""Confinement of the worker process: no network, capped host memory and process count.
+"""Confinement of the worker process: no network, files only in its folder, capped host memory and processes.
 
 What is available depends on the machine, so every evaluation records what it actually got
 (``facts``). Network: a fresh network namespace (root, or an unprivileged user namespace);
 elsewhere the network stays shared and the record says so. User: a worker started by root runs as
 ``nobody`` (it owns only its evaluation folder, so it cannot touch the results store or the
 caches), after a one-time probe shows that user can import the toolchain and open the GPU.
-Memory and processes: cgroup v1/v2
+Files: Landlock (:mod:`~mkb_eval.harness.confine`), root or not: writes only in the evaluation folder,
+reads only what a worker needs. Memory and processes: cgroup v1/v2
 limits where the cgroup tree is writable; in every case the parent also watches the worker's
 session (resident memory, process count) and kills it past the caps. ``RLIMIT_AS`` is not used:
 the CUDA driver reserves far more address space than it touches.
@@ -25,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mkb_eval.harness import confine
+
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWNET = 0x40000000
 _CGROOT = Path("/sys/fs/cgroup")
@@ -40,6 +43,7 @@ class SandboxConfig:
     max_file_bytes: int = 8 << 30
     # the user a root parent's worker becomes; None (MKB_WORKER_USER="") keeps root
     run_as: str | None = field(default_factory=lambda: os.environ.get("MKB_WORKER_USER", "nobody") or None)
+    confine: bool = True                  # Landlock: writes only in the evaluation folder (see ``confine``)
 
 
 @dataclass
@@ -64,6 +68,10 @@ class Sandbox:
         sb._ids, why = unprivileged_ids(config.run_as)
         sb.spec = {"procs": sb._procs, "isolate_network": config.isolate_network,
                    "max_file_bytes": config.max_file_bytes, "ids": list(sb._ids) if sb._ids else None}
+        if config.confine and owned is not None:
+            sb.spec["confine"], sb.facts["confinement"] = confine.plan(owned, code_root(config.run_as))
+        else:
+            sb.facts["confinement"] = "off (no evaluation folder)" if config.confine else "off (SandboxConfig)"
         if sb._ids is not None and owned is not None:
             for d in [owned, *owned.rglob("*")]:
                 os.chown(d, *sb._ids)
@@ -171,6 +179,10 @@ def enter(spec: dict[str, Any], unshare: Any) -> None:
         unshare(CLONE_NEWUSER | CLONE_NEWNET)
     resource.setrlimit(resource.RLIMIT_FSIZE, (spec["max_file_bytes"], spec["max_file_bytes"]))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    if spec.get("confine"):                      # before the user drop: the rules open root-only paths
+        err = confine.apply(spec["confine"])
+        if err:                                  # unconfined: the worker's probe puts it in the record
+            os.write(2, f"sandbox: confinement failed: {err}\n".encode())
     if spec["ids"] is not None:                  # last: cgroups and the namespace need root
         _become(tuple(spec["ids"]))
 

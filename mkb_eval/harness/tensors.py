@@ -39,13 +39,13 @@ def snapshot(value: Any) -> Any:
     """Copy outputs on the caller's current stream, without any synchronization first.
 
     Work a kernel left unfinished on another stream is not waited for, so a submission that
-    returns before its results are ready on the caller's stream is caught.
+    returns before its results are ready on the caller's stream is caught. What is not an output
+    (a tensor subclass, a sparse tensor, a dict...) is kept as a refusal with its reason
+    (:func:`mkb_eval.harness.transport.capture`).
     """
-    if isinstance(value, torch.Tensor):
-        return value.detach().clone()
-    if isinstance(value, (list, tuple)):
-        return type(value)(snapshot(v) for v in value)
-    return value
+    from mkb_eval.harness import transport
+
+    return transport.capture(value)
 
 
 def to_device(value: Any, device: str | torch.device) -> Any:
@@ -57,11 +57,18 @@ def to_device(value: Any, device: str | torch.device) -> Any:
 
 
 def save(value: Any, path: Path) -> None:
-    torch.save(to_device(value, "cpu"), path)
+    """The worker's side of the output transport (no pickle: the judge never unpickles candidate data)."""
+    from mkb_eval.harness import transport
+
+    transport.write(value, path)
 
 
 def load(path: Path) -> Any:
-    return torch.load(path, map_location="cpu", weights_only=True)
+    """A worker's output file as values (CPU); ``transport.TransportError`` for a bad file or a refusal."""
+    from mkb_eval.harness import transport
+
+    with transport.open_output(path) as out:
+        return out.values()
 
 
 def refill_(dst: list[Any], src: list[Any]) -> list[Any]:

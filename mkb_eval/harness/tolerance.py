@@ -126,6 +126,48 @@ def check_structure(out: Any, ref: Any, path: str = "output") -> Mismatch | None
     return None if type(out) is type(ref) else Mismatch(path, f"expected {type(ref).__name__}, got {_kind(out)}")
 
 
+def check_descriptor(node: Any, ref: Any, path: str = "output") -> Mismatch | None:
+    """``check_structure`` on a worker's output descriptor (:mod:`~mkb_eval.harness.transport`), before any
+    of its bytes are read: a refusal, a wrong container, length, shape, dtype or device is a mismatch."""
+    from mkb_eval.harness import transport as T
+
+    if isinstance(node, T.Refused):
+        return Mismatch(path, node.reason)
+    if isinstance(ref, torch.Tensor):
+        if not isinstance(node, T.TensorDesc):
+            return Mismatch(path, f"expected a tensor, got {_desc_kind(node)}")
+        if node.shape != tuple(ref.shape):
+            return Mismatch(path, f"shape {node.shape} != expected {tuple(ref.shape)}")
+        if T.DTYPES[node.dtype] != ref.dtype:
+            return Mismatch(path, f"dtype torch.{node.dtype} != expected {ref.dtype}")
+        if node.device != ref.device.type:
+            return Mismatch(path, f"device {node.device} != expected {ref.device.type}")
+        return None
+    if isinstance(ref, (list, tuple)):
+        if not isinstance(node, T.SeqDesc) or node.kind != type(ref).__name__:
+            return Mismatch(path, f"expected a {type(ref).__name__}, got {_desc_kind(node)}")
+        if len(node.items) != len(ref):
+            return Mismatch(path, f"length {len(node.items)} != expected {len(ref)}")
+        for i, (o, r) in enumerate(zip(node.items, ref)):
+            bad = check_descriptor(o, r, f"{path}[{i}]")
+            if bad:
+                return bad
+        return None
+    if not isinstance(node, T.Scalar):
+        return Mismatch(path, f"expected {type(ref).__name__}, got {_desc_kind(node)}")
+    return check_structure(node.value, ref, path)
+
+
+def _desc_kind(node: Any) -> str:
+    from mkb_eval.harness import transport as T
+
+    if isinstance(node, T.TensorDesc):
+        return "tensor"
+    if isinstance(node, T.SeqDesc):
+        return node.kind
+    return type(getattr(node, "value", None)).__name__
+
+
 def _compare_tensor(out: torch.Tensor, ref: torch.Tensor, anchor: torch.Tensor, factor: float,
                     path: str) -> Mismatch | None:
     if not ref.is_floating_point() and not ref.is_complex():

@@ -276,8 +276,10 @@ class _Worker:
             self._ready_r = None
 
     def facts(self) -> dict[str, str]:
-        net = [m.get("network") for m in self.messages() if m.get("stage") == "setup"]
+        setup = [m for m in self.messages() if m.get("stage") == "setup"][:1]   # sent before the candidate existed
+        net = [m.get("network") for m in setup]
         return {**self.sandbox.facts, "network": net[-1] if net else "unknown (worker never started)",
+                "outside_write": str(setup[0].get("outside_write", "unknown")) if setup else "unknown",
                 "worker": ("warm (forked from a server with the toolchains imported)" if self.forked else
                            "warm (started ahead, toolchains preloaded)" if self.preloaded else "cold"),
                 "leftover_processes": str(getattr(self, "leftover", 0))}
@@ -362,9 +364,26 @@ def verify(problem: P.Problem | str | int, dsl: str, kernel: str | Path, *, tier
         rec.message, rec.stdout_tail, rec.stderr_tail = (
             redact_paths(x, root) for x in (rec.message, rec.stdout_tail, rec.stderr_tail))
         rec.stages_s["total"] = round(time.perf_counter() - t_start, 3)
+        warn_unconfined(rec.sandbox)
         if not keep_dir:
             shutil.rmtree(root, ignore_errors=True)
     return rec
+
+
+_WARNED: list[str] = []
+
+
+def warn_unconfined(facts: dict[str, str]) -> None:
+    """Warn once per process when a worker could write outside its evaluation folder (no Landlock)."""
+    ow = facts.get("outside_write", "unknown")
+    if _WARNED or ow in ("denied", "unknown") or ow.startswith("denied"):
+        return
+    _WARNED.append(ow)
+    import warnings
+
+    warnings.warn(f"the worker could write outside its evaluation folder ({facts.get('confinement', '?')}): "
+                  "candidate code runs with this user's rights on files; see the record's sandbox facts",
+                  RuntimeWarning, stacklevel=3)
 
 
 def verify_source(problem: P.Problem | str | int, dsl: str, source: str, **kwargs: Any) -> dict[str, Any]:
@@ -451,8 +470,8 @@ def _run_cpu(rec: VerificationRecord, prob: P.Problem, dsl: str, w: _Worker, lim
 
     from mkb_eval.harness.judge import Judge
 
-    from mkb_eval.harness import tensors
-    from mkb_eval.harness.tolerance import check_structure
+    from mkb_eval.harness import transport
+    from mkb_eval.harness.tolerance import Mismatch, check_descriptor
 
     root = w.root
     job = _job(prob, dsl, root, "cpu", "smoke", "cpu", user=w.limits.sandbox.run_as)
@@ -466,7 +485,13 @@ def _run_cpu(rec: VerificationRecord, prob: P.Problem, dsl: str, w: _Worker, lim
     try:
         msg, how = w.wait_for(("final",), limits.cpu_s)
         out_path = root / "out" / "cpu_out.pt"
-        bad = check_structure(tensors.load(out_path), ref) if msg and out_path.exists() else None
+        bad = None
+        if msg and os.path.lexists(out_path):
+            try:                                  # the worker's file: strictly parsed, structure only
+                with transport.open_output(out_path) as saved:
+                    bad = check_descriptor(saved.root, ref)
+            except transport.TransportError as e:
+                bad = Mismatch("output", f"unreadable output file: {e}")
         if msg and msg["status"] == "unverified" and bad:
             rec.status, rec.stage = "incorrect", "structure"
             rec.message = f"the returned structure does not match the reference's: {bad}"

@@ -65,6 +65,14 @@ class Stop(Exception):
         self.status, self.message, self.extra = status, message, extra
 
 
+def _check_guard(watch: Any, where: str) -> None:
+    """policy_violation when the candidate called into the task or removed the guard (``guard``)."""
+    found = watch.check()
+    if found:
+        raise Stop("policy_violation", f"{'; '.join(found)} — detected {where}",
+                   flags=["reference_call" if watch.violations else "guard_tamper"])
+
+
 def _preload() -> None:
     """A warm-pool worker imports torch and both toolchains while it waits for a job."""
     import torch  # noqa: F401
@@ -166,10 +174,12 @@ def main(argv: list[str]) -> int:
         report(kind="progress", stage=s, t=time.time(), **kw)
 
     _pin(job.get("work_cpus"))               # start-up and compilation stay off the timing cores
+    from mkb_eval.harness.confine import outside_write
     from mkb_eval.harness.sandbox import network_isolated
 
     try:
-        progress("setup", network="isolated" if network_isolated() else "shared")
+        progress("setup", network="isolated" if network_isolated() else "shared",
+                 outside_write=outside_write(Path(job["out_dir"]).parent))     # before the candidate exists
         result = run(job, chan, progress)
         report(kind="final", status=result.pop("status"), stage="done", **result)
     except Stop as s:
@@ -198,12 +208,15 @@ def run(job: dict[str, Any], chan: Channel, progress: Any) -> dict[str, Any]:
     problem = _import_file(Path(job["problem_dir"]) / "reference.py", "mkb_task")
     make_inputs = problem.make_inputs
     size = job["size"]
+    from mkb_eval.harness import guard
+
+    watch = guard.install(problem)                      # before the candidate exists: calls into the task are caught
 
     from mkb_eval.harness.tolerance import reference_numerics
 
     def make(seed: int) -> list[Any]:
         manual_seed(seed)
-        with reference_numerics():        # the same numerics flags as the judge, whatever solve set
+        with reference_numerics(), watch.harness():  # the same numerics flags as the judge, whatever solve set
             return make_inputs(size, job["device"])
 
     out_dir = Path(job["out_dir"])
@@ -219,6 +232,7 @@ def run(job: dict[str, Any], chan: Channel, progress: Any) -> dict[str, Any]:
     try:
         cand = _import_file(Path(job["kernel_path"]), "mkb_candidate")
     except BaseException as e:  # noqa: BLE001
+        _check_guard(watch, "at import")
         raise Stop(_classify(e, False), _format_exc(e)) from None
     solve = getattr(cand, "solve", None)
     if not callable(solve):
@@ -230,10 +244,12 @@ def run(job: dict[str, Any], chan: Channel, progress: Any) -> dict[str, Any]:
         try:
             out = solve(*inputs)
         except BaseException as e:  # noqa: BLE001
+            check_tamper(what)
             raise Stop(_classify(e, log.total() > before), f"{what}: " + _format_exc(e)) from None
         return out, log.total() - before
 
     def check_tamper(where: str) -> None:
+        _check_guard(watch, where)
         bad = clock.tampered()
         if torch.manual_seed is not manual_seed:
             bad.append("torch.manual_seed")
@@ -243,7 +259,9 @@ def run(job: dict[str, Any], chan: Channel, progress: Any) -> dict[str, Any]:
 
     check_tamper("after import")
     if tier == "cpu":
-        return _cpu_tier(job, make, call, log, progress, import_s)
+        result = _cpu_tier(job, make, call, log, progress, import_s)
+        check_tamper("before the report")
+        return result
 
     # ---- gate 1: start and imports overlap anything; GPU work waits for the GPU's lane ----------
     progress("ready")
@@ -325,6 +343,7 @@ def run(job: dict[str, Any], chan: Channel, progress: Any) -> dict[str, Any]:
         raise Stop("runtime_error", "the CUDA context failed after the DSL-dependence draw: " + _format_exc(e)) from None
 
     log.on_compile = None                # compiles from here on (in timing) are the candidate's time
+    check_tamper("before the phase-1 report")
     chan.send(kind="phase1", stage="correctness", draws=draws, nodsl=nodsl, poisoned_bytes=poisoned,
               import_s=import_s, first_call_s=first_call_s, correctness_s=corr_s)
     # ---- gate: the parent judges phase 1; the timing gate brings the first timing op --------------
@@ -432,6 +451,7 @@ def _event_draws(op: dict[str, Any], solve: Any, make: Any, clock: Any, device: 
         res = time_draws(timed, make, warmup, timing, clock, device, keep=keep,
                          on_draw=lambda phase, k: progress(phase, draw=k) if k % 10 == 0 else None)
     except BaseException as e:  # noqa: BLE001
+        check_tamper("in timing")
         raise Stop(_classify(e, True), "timing: " + _format_exc(e)) from None
     timing_s = time.perf_counter() - t_time
     probe.append(cpu_probe_ms())
@@ -447,6 +467,7 @@ def _event_draws(op: dict[str, Any], solve: Any, make: Any, clock: Any, device: 
             dev_ms = stream_time_ms(solve, make, timing[:10], clock, device, host_ms or 0.0)
         except BaseException:  # noqa: BLE001
             dev_ms = None
+    check_tamper("before the report")
     in_sizes = [t.numel() * t.element_size() for t in tools.walk(make(timing[-1]))]
     return ({"times_ms": res.times_ms, "device_ms": dev_ms, "launches_per_call": sorted(set(launch_counts)),
              "timing_s": timing_s, "host_call_ms": host_ms, "cpu_probe_ms": max(probe)},

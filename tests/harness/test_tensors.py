@@ -23,6 +23,6 @@ def test_refill_keeps_addresses():
 
 def test_snapshot_is_a_copy():
     x = torch.zeros(3)
-    s = snapshot((x, [x]))
+    s = snapshot((x, [x])).tree
     x += 1
     assert s[0].sum() == 0 and s[1][0].sum() == 0

@@ -56,7 +56,11 @@ def test_known_bad_kernels_compile_on_cpu(p28):
     expected_cpu = {"torch_only.py": "no_dsl_kernel", "patch_timer.py": "policy_violation",
                     "side_stream.py": "runtime_error",   # torch.cuda.Stream needs CUDA
                     "cheat_time_forged_send.py": "policy_violation"}   # the worker's guard sees the patched send
+    from .test_cheats_cpu import CHEATS_CPU                # the guard's cheat suite has its own test
+
     for path in p28.wrong_solutions():
+        if path.name in CHEATS_CPU:
+            continue
         rec = verify(p28, "cutedsl", path, tier="cpu", limits=LIMITS)
         assert rec.status == expected_cpu.get(path.name, "unverified"), (path.name, rec.status, rec.message[-500:])
 
