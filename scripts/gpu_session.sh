@@ -3,7 +3,7 @@
 # device call and leaves its logs and records under $OUT. State that later stages reuse (the
 # torch.compile cache, the resumable sweep file) lives under $MKB_STATE, which survives between
 # calls while the host stays warm.
-#   bash scripts/gpu_session.sh foundation|report|sweep|bench|safety|noise|aa_ab [extra args]
+#   bash scripts/gpu_session.sh foundation|report|sweep|bench|cheats|aa_ab|safety|noise [extra args]
 # Run `report` before `sweep` on the same host: the sweep then takes both baselines (torch.compile and
 # eager, timed by the report with nothing compiling beside them) from the cache instead of its lanes.
 set -uo pipefail
@@ -79,6 +79,22 @@ case "$stage" in
     preflight
     timeout "$budget" python3 scripts/aa_ab.py --out "$OUT" --work "$MKB_STATE/aa_ab" "$@" > "$OUT/aa_ab.log" 2>&1
     tail -40 "$OUT/aa_ab.log" ;;
+  cheats)
+    # the cheat suite (issue #27): every wrong/ kernel with its expected status, the shipped solutions of problem 28,
+    # confinement and the timing tests. The timing cheats and solutions run alone in one pytest; the other cheats
+    # (rejected at correctness, before any timing) and the guard's Python 3.12 tests beside them in another
+    python3 -c "from mkb_eval.harness import confine; print('landlock', confine.abi())" > "$OUT/landlock.txt" 2>&1
+    ( timeout "$budget" python3 -m pytest -q -p no:cacheprovider tests/harness/test_guard.py tests/harness/test_transport.py \
+        tests/harness/test_confine.py > "$OUT/py312_tests.txt" 2>&1
+      MKB_GPU_RECORDS="$OUT/cheats_guard.jsonl" timeout "$budget" python3 -m pytest -q -p no:cacheprovider -m gpu -rA \
+        tests/harness/test_gpu.py tests/harness/test_guard_gpu.py -k "(known_bad and not cheat_time) or confined" \
+        > "$OUT/cheats_guard.txt" 2>&1 ) &
+    MKB_GPU_RECORDS="$OUT/cheats_timing.jsonl" timeout "$budget" python3 -m pytest -q -p no:cacheprovider -m gpu -rA \
+      tests/harness/test_gpu.py -k "cheat_time or (solution_passes and 28-) or isolated or lane_back or host_path or timer_matches" \
+      > "$OUT/cheats_timing.txt" 2>&1
+    wait
+    cat "$OUT/landlock.txt"; tail -3 "$OUT/py312_tests.txt"; grep -E "passed|failed" "$OUT"/cheats_*.txt | tail -4
+    grep -hE "^(FAILED|ERROR)" "$OUT"/cheats_*.txt | cut -c1-300 ;;
   safety)
     timeout "$budget" python3 -m mkb_eval.cli safety --tier gpu --md "$OUT/safety_gpu.md" "$@" > "$OUT/safety.log" 2>&1
     tail -25 "$OUT/safety.log" ;;
