@@ -24,22 +24,25 @@ stage="$1"; shift || true
   "import torch,importlib.metadata as m;print('torch',torch.__version__,'cutlass-dsl',m.version('nvidia-cutlass-dsl'),'tvm',m.version('apache-tvm'))"; } \
   > "$OUT/env.txt" 2>&1
 preflight() {
-  # one evaluation per DSL with the default worker user; if the unprivileged user cannot evaluate
-  # here, sweeps keep root workers (their records say so in sandbox.uid) rather than fail; once per host
+  # one evaluation per DSL with the default worker user and confinement; if they cannot evaluate here, sweeps
+  # drop the Landlock confinement first, then the unprivileged user (records say so in sandbox), rather than fail;
+  # once per host
   [ -n "${MKB_WORKER_USER+x}" ] && return
   if [ -f "$MKB_STATE/preflight.env" ]; then source "$MKB_STATE/preflight.env"; return; fi
-  for d in cutedsl tirx; do
-    timeout 120 python3 -m mkb_eval.cli verify --problem 28 --dsl $d --no-compile-baseline --json \
-      > "$OUT/preflight_$d.json" 2> "$OUT/preflight_$d.err" &
-  done; wait
-  if ! python3 -c "import json,sys; sys.exit(any(json.load(open(f))['status'] != 'ok' for f in sys.argv[1:]))" \
-      "$OUT"/preflight_*.json; then
-    echo "preflight failed with the default worker user: sweeping with MKB_WORKER_USER='' (root)" | tee "$OUT/preflight.txt"
-    echo 'export MKB_WORKER_USER=""' > "$MKB_STATE/preflight.env"
-    export MKB_WORKER_USER=""
-  else
-    : > "$MKB_STATE/preflight.env"
-  fi
+  for fallback in "" 'export MKB_WORKER_CONFINE=0' 'export MKB_WORKER_CONFINE=0 MKB_WORKER_USER=""'; do
+    eval "$fallback"
+    for d in cutedsl tirx; do
+      timeout 120 python3 -m mkb_eval.cli verify --problem 28 --dsl $d --no-compile-baseline --json \
+        > "$OUT/preflight_$d.json" 2> "$OUT/preflight_$d.err" &
+    done; wait
+    if python3 -c "import json,sys; sys.exit(any(json.load(open(f))['status'] != 'ok' for f in sys.argv[1:]))" \
+        "$OUT"/preflight_*.json; then
+      echo "$fallback" > "$MKB_STATE/preflight.env"
+      [ -n "$fallback" ] && echo "preflight: the default sandbox failed here; sweeping with: $fallback" | tee "$OUT/preflight.txt"
+      return
+    fi
+  done
+  echo "preflight: problem 28 fails with every sandbox setting (see preflight_*.json)" | tee "$OUT/preflight.txt"
 }
 case "$stage" in
   foundation)
