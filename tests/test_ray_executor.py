@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from mkb_eval import problems as P
-from mkb_eval import ray_executor as R
+from mkb_eval.sweep import ray_executor as R
 from mkb_eval import sweep
 from mkb_eval.cli import main
 from mkb_eval.harness.verify import Limits

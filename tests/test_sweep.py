@@ -102,7 +102,7 @@ def test_out_of_memory_beside_other_evaluations_is_retried_alone(monkeypatch):
 
     jobs = S.shipped_jobs([P.find(i) for i in (28, 29, 30, 31, 36, 1)], ["tirx"])
     sink = Sink()
-    S._run_local(S.JobQueue(S.spread_order(jobs)), "gpu", {}, parallel=3, sink=sink)
+    S.run_local(S.JobQueue(S.spread_order(jobs)), "gpu", {}, parallel=3, sink=sink)
     by = {r["problem_id"]: r for r in sink.recs}
     assert len(sink.recs) == 5 and all(by[i]["status"] == "ok" and by[i]["flags"] == ["retried_alone_after_oom"]
                                        for i in (28, 29, 30))
@@ -133,7 +133,7 @@ def test_out_of_memory_beside_other_evaluations_is_retried_alone(monkeypatch):
 
     fake = Pool()
     monkeypatch.setattr(W.WarmPool, "for_lanes", classmethod(lambda cls, *a, **k: fake))
-    S._run_local(S.JobQueue(S.spread_order(jobs)), "gpu", {}, parallel=3, sink=Sink(), warm=True)
+    S.run_local(S.JobQueue(S.spread_order(jobs)), "gpu", {}, parallel=3, sink=Sink(), warm=True)
     assert fake.allowed == 3 and fake.filled == [0, 0, 0]
 
 

@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any
 from mkb_eval import problems as P
 
 if TYPE_CHECKING:
-    from mkb_eval.sweep import Job
+    from mkb_eval.sweep.jobs import Job
 
 INSTALL_HINT = "the Ray executor needs Ray: pip install 'mkb-eval[ray]'"
 
