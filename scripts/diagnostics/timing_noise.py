@@ -12,7 +12,7 @@ collector off; ``gated`` queues a fixed GPU sleep before the start event, so the
 overlaps the sleep instead of being timed; ``after_profiler`` is ``base`` once CUPTI has been
 started in the process (the worker used to, for its device time).
 
-    python3 scripts/timing_noise.py 3/cutedsl 22/tirx ... > noise.jsonl
+    python3 scripts/diagnostics/timing_noise.py 3/cutedsl 22/tirx ... > noise.jsonl
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch  # noqa: E402
 
