@@ -34,7 +34,23 @@ _EXPORTS = {
     "read_jsonl": "mkb_eval.records",
 }
 
-__all__ = sorted([*_EXPORTS, "__version__"])
+__all__ = [                                     # _EXPORTS and the version (tests/test_architecture.py)
+    "Limits",
+    "Problem",
+    "ProblemError",
+    "VerificationRecord",
+    "__version__",
+    "append_jsonl",
+    "find",
+    "load_all",
+    "load_dataset",
+    "load_problem",
+    "read_attempts",
+    "read_jsonl",
+    "score",
+    "verify",
+    "verify_source",
+]
 
 if TYPE_CHECKING:
     from mkb_eval.dataset import load_dataset

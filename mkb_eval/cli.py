@@ -270,6 +270,7 @@ def build_parser(full: bool = False) -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="mkb", description="MetaKernelBench toolkit")
     ap.add_argument("--root", default=None, help="problems folder (default: the one beside the package)")
     sub = ap.add_subparsers(dest="cmd", required=True, action=_LazySubParsers)
+    assert isinstance(sub, _LazySubParsers)
 
     pr = sub.add_parser("problems", help="list or show problems")
     psub = pr.add_subparsers(dest="what", required=True)

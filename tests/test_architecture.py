@@ -101,7 +101,8 @@ def _imported_by(argv: list[str]) -> tuple[int, list[str]]:
             "        rc = e.code\n"
             f"print(json.dumps([rc, sorted(m for m in {HEAVY!r} if m in sys.modules)]))\n")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT,
+                         timeout=120, check=False)
     assert res.returncode == 0, res.stderr[-2000:]
     rc, heavy = json.loads(res.stdout.strip().splitlines()[-1])
     return rc, heavy
@@ -143,3 +144,19 @@ def test_skills_cli_checks_versions_as_the_builder_does():
     from mkb_eval.skills import cli as skills_cli
 
     assert skills_cli._SEMVER.pattern == versioning._SEMVER.pattern
+
+
+def test_the_package_api_loads_on_use():
+    """``import mkb_eval`` imports no subpackage; every public name still resolves (and is listed)."""
+    code = ("import sys, mkb_eval\n"
+            "assert not [m for m in sys.modules if m.startswith('mkb_eval.') and m != 'mkb_eval._version'], "
+            "sorted(sys.modules)\n"
+            "print(sorted(n for n in mkb_eval.__all__ if getattr(mkb_eval, n, None) is None))\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)}, check=False)
+    assert res.returncode == 0 and res.stdout.strip() == "[]", res.stderr[-2000:]
+    import mkb_eval
+
+    assert sorted(mkb_eval.__all__) == sorted([*mkb_eval._EXPORTS, "__version__"])
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        mkb_eval.nope  # noqa: B018 - the attribute access is the test

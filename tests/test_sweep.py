@@ -55,7 +55,7 @@ def test_eager_baseline_reuse_has_its_own_file_and_failures_raise(tmp_path):
     assert len((tmp_path / "eager_baselines.jsonl").read_text().splitlines()) == 1
 
 
-def test_out_of_memory_beside_other_evaluations_is_retried_alone(monkeypatch):
+def test_out_of_memory_beside_other_evaluations_is_retried_alone(monkeypatch):  # noqa: C901 - one fake per outcome
     """Evaluations in flight share the GPU's memory: a kernel (or the judge) that ran out of it there
     is evaluated again alone before a verdict is stored, and the record says so; other failures are
     stored as they are, and a harness exception is reported, not stored, without ending the sweep."""

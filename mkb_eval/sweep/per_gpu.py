@@ -46,7 +46,8 @@ def run(todo: list[Job], tier: str, verify_kwargs: dict[str, Any], parallel: int
         warm: bool = False) -> None:
     """Evaluate ``todo`` with one child sweep per GPU, ``parallel`` in flight over all of them."""
     queue = JobQueue(spread_order(todo))
-    shares = cores.split(n_gpus) or [None] * n_gpus
+    dealt = cores.split(n_gpus)
+    shares: list[list[int] | None] = list(dealt) if dealt else [None] * n_gpus
     per_gpu = -(-max(1, parallel) // n_gpus)
     children = [_start(g, {"tier": tier, "verify_kwargs": verify_kwargs, "parallel": per_gpu, "warm": warm,
                            "expected": len(todo), "cores": shares[g]}) for g in range(n_gpus)]
@@ -129,7 +130,7 @@ class _RemoteQueue(JobQueue):
             while True:
                 self._proto.send({"want": 1})
                 line = sys.stdin.readline()
-                msg = json.loads(line) if line.strip() else {"done": True}    # stdin closed: the parent is gone
+                msg: dict[str, Any] = json.loads(line) if line.strip() else {"done": True}    # stdin closed: parent gone
                 if msg.get("done"):
                     self._remaining = 0
                     return None

@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from mkb_eval.harness.timing import cpu_probe_ms  # noqa: E402
+from mkb_eval.harness.timing import cpu_probe_ms
 
 
 def main() -> None:

@@ -29,11 +29,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import torch  # noqa: E402
+import torch
 
-from mkb_eval.harness.timing import Clock, cpu_probe_ms, l2_flusher, time_draws  # noqa: E402
-from mkb_eval.harness.worker import _import_file  # noqa: E402
-from mkb_eval.problems import find  # noqa: E402
+from mkb_eval.harness.timing import Clock, cpu_probe_ms, l2_flusher, time_draws
+from mkb_eval.harness.worker import _import_file
+from mkb_eval.problems import find
 
 
 def gated_draws(fn: Any, make: Any, seeds: list[int], device: torch.device, gate_cycles: int) -> list[float]:
