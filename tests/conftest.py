@@ -13,3 +13,11 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
     from tests.parallel import spread
 
     spread(config)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """In a spread run (each process collects the same list), the longest files are handed out first."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        from tests.parallel import longest_first
+
+        longest_first(items, str(config.rootpath))

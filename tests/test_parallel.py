@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tests.parallel import processes
+from tests.parallel import LONGEST_FIRST, longest_first, processes
 
 WHOLE = pytest.Config.ArgsSource.TESTPATHS
 
@@ -40,3 +40,17 @@ def test_the_whole_suite_takes_every_core_up_to_four():
 ])
 def test_a_run_asked_for_otherwise_stays_in_one_process(cfg: Any, env: dict[str, str]):
     assert processes(cfg, 8, env) == 1
+
+
+def test_the_longest_files_are_handed_out_first(tmp_path):
+    items = [SimpleNamespace(path=tmp_path / p) for p in ("tests/a.py", LONGEST_FIRST[1], "tests/b.py", LONGEST_FIRST[0])]
+    longest_first(items, str(tmp_path))
+    assert [str(i.path.relative_to(tmp_path)) for i in items] == [LONGEST_FIRST[0], LONGEST_FIRST[1], "tests/a.py",
+                                                                  "tests/b.py"]
+
+
+def test_the_longest_files_exist():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    assert all((root / p).is_file() for p in LONGEST_FIRST), [p for p in LONGEST_FIRST if not (root / p).is_file()]
