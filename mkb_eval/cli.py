@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
 import json
 import sys
 import time
@@ -108,7 +110,7 @@ def _sweep(args: argparse.Namespace, limits: Any) -> int:
         print("mkb verify: --address needs --executor ray", file=sys.stderr)
         return 2
     if args.executor == "ray":
-        from mkb_eval.ray_executor import require_ray
+        from mkb_eval.sweep.ray_executor import require_ray
 
         try:
             require_ray()
@@ -234,10 +236,68 @@ def _verify(args: argparse.Namespace) -> int:
     return 0 if rec.status in ("ok", "unverified") else 1
 
 
-def build_parser() -> argparse.ArgumentParser:
+# command -> (the module whose ``register(subparsers)`` adds it, the one line ``mkb --help`` shows for it)
+LAZY_COMMANDS = {
+    "run": ("mkb_eval.agent.cli", "attempts with a local model: solo and skill-transfer arms, resumable"),
+    "models": ("mkb_eval.agent.cli", "the embedded default model"),
+    "dataset": ("dataset_builder.cli", "build, check and push the Hugging Face dataset"),
+    "skills": ("mkb_eval.skills.cli", "skills corpus: leak check, index, training exports"),
+}
+
+
+class _LazySubParsers(argparse._SubParsersAction):
+    """Subcommands whose module is imported only when the command is chosen.
+
+    The agent's and the dataset builder's commands pull in vLLM, transformers, ``datasets`` and the
+    metrics on import; ``mkb --help`` or ``mkb problems list`` must not pay for them (seconds on a
+    2-core machine). Each such command is listed with its help line at once and filled in by its
+    module's ``register`` when argparse reaches it (or by :meth:`fill_all`).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._lazy: dict[str, str] = {}
+
+    def add_lazy(self, name: str, module: str, text: str) -> None:
+        self._lazy[name] = module
+        self.add_parser(name, help=text)
+
+    def fill(self, name: str) -> None:
+        module = self._lazy.get(name)
+        if module is None:
+            return
+        for other in [n for n, m in self._lazy.items() if m == module]:    # one register adds all its commands
+            del self._lazy[other]
+        importlib.import_module(module).register(_Placeholders(self))
+
+    def fill_all(self) -> None:
+        for name in list(self._lazy):
+            self.fill(name)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        if values:
+            self.fill(values[0])
+        super().__call__(parser, namespace, values, option_string)
+
+
+class _Placeholders:
+    """What a module's ``register`` is handed: ``add_parser`` returns the command's listed parser."""
+
+    def __init__(self, action: _LazySubParsers) -> None:
+        self.action = action
+
+    def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser:
+        found = self.action.choices.get(name)
+        return found if found is not None else self.action.add_parser(name, **kwargs)
+
+
+def build_parser(full: bool = False) -> argparse.ArgumentParser:
+    """The ``mkb`` parser; ``full`` fills every lazily imported command now (for tests and docs)."""
     ap = argparse.ArgumentParser(prog="mkb", description="MetaKernelBench toolkit")
     ap.add_argument("--root", default=None, help="problems folder (default: the one beside the package)")
-    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub = ap.add_subparsers(dest="cmd", required=True, action=_LazySubParsers)
+    assert isinstance(sub, _LazySubParsers)
 
     pr = sub.add_parser("problems", help="list or show problems")
     psub = pr.add_subparsers(dest="what", required=True)
@@ -305,15 +365,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="run them in workers forked by a fork server, as sweeps do (default: exec'd workers)")
     sf.set_defaults(fn=_safety)
 
-    from mkb_eval.agent.cli import register as register_agent
-
-    register_agent(sub)
-    try:
-        from dataset_builder.cli import register as register_dataset
-    except ImportError:  # a wheel install without the builder: the dataset commands are absent
-        register_dataset = None
-    if register_dataset is not None:
-        register_dataset(sub)
+    for name, (module, text) in LAZY_COMMANDS.items():
+        if importlib.util.find_spec(module.partition(".")[0]) is not None:   # an install without the builder: no dataset
+            sub.add_lazy(name, module, text)
 
     r = sub.add_parser("results", help="tabulate verification records (latest per problem and DSL)")
     r.add_argument("records", nargs="?", help="a JSONL file of verification records (default: the curated set "
@@ -326,6 +380,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--compile-cache", help="fill missing torch.compile times from this compile_baselines.jsonl "
                                           "(same problem hash, size, GPU and torch)")
     r.set_defaults(fn=_results)
+    if full:
+        sub.fill_all()
     return ap
 
 

@@ -118,21 +118,8 @@ def check_folder(folder: str | Path, *, verify_hashes: bool = False) -> FolderIn
     default = None
     root = os.path.normpath(folder)
     for entry in entries:
-        splits: dict[str, list[Path]] = {}
-        for split, patterns in _data_file_patterns(card, entry):
-            files: list[Path] = []
-            for pattern in patterns:
-                if Path(pattern).is_absolute():
-                    raise DatasetError(f"{card}: config '{entry['config_name']}' uses an absolute path '{pattern}'")
-                matched = sorted(p for p in folder.glob(pattern) if p.is_file())
-                if not matched:
-                    raise DatasetError(f"{card}: config '{entry['config_name']}' split '{split}' points to "
-                                       f"'{pattern}', which matches no file in {folder}")
-                for p in matched:       # lexical check: Hub snapshots hold symlinks into the blob store
-                    if not os.path.normpath(p).startswith(root + os.sep):
-                        raise DatasetError(f"{card}: config '{entry['config_name']}' points outside the folder: {p}")
-                files.extend(matched)
-            splits[split] = files
+        splits = {split: _split_files(card, folder, root, entry, split, patterns)
+                  for split, patterns in _data_file_patterns(card, entry)}
         name = entry["config_name"]
         if name in configs:
             raise DatasetError(f"{card}: config '{name}' is declared twice")
@@ -149,19 +136,42 @@ def check_folder(folder: str | Path, *, verify_hashes: bool = False) -> FolderIn
     if verify_hashes:
         if not manifest_path.is_file():
             raise DatasetError(f"{manifest_path}: missing; cannot verify file hashes")
-        manifest = read_manifest(folder)
-        for cfg in manifest.get("configs", {}).values():
-            for rel, digest in cfg.get("files", {}).items():
-                p = folder / rel
-                if not p.is_file():
-                    raise DatasetError(f"{p}: listed in {MANIFEST} but missing")
-                if sha256_file(p) != digest:
-                    raise DatasetError(f"{p}: sha256 differs from {MANIFEST} (file changed since the build)")
-        if version is not None and manifest.get("dataset_version") != version:
-            raise DatasetError(f"{card}: dataset_version {version} but {MANIFEST} says "
-                               f"{manifest.get('dataset_version')}")
+        _verify_manifest(folder, card, version)
     return FolderInfo(path=folder, dataset_version=str(version) if version is not None else None,
                       configs=configs, default_config=default)
+
+
+def _split_files(card: Path, folder: Path, root: str, entry: dict[str, Any], split: str,
+                 patterns: list[str]) -> list[Path]:
+    """The files one config split's patterns match: each pattern at least one, all inside the folder."""
+    files: list[Path] = []
+    for pattern in patterns:
+        if Path(pattern).is_absolute():
+            raise DatasetError(f"{card}: config '{entry['config_name']}' uses an absolute path '{pattern}'")
+        matched = sorted(p for p in folder.glob(pattern) if p.is_file())
+        if not matched:
+            raise DatasetError(f"{card}: config '{entry['config_name']}' split '{split}' points to "
+                               f"'{pattern}', which matches no file in {folder}")
+        for p in matched:       # lexical check: Hub snapshots hold symlinks into the blob store
+            if not os.path.normpath(p).startswith(root + os.sep):
+                raise DatasetError(f"{card}: config '{entry['config_name']}' points outside the folder: {p}")
+        files.extend(matched)
+    return files
+
+
+def _verify_manifest(folder: Path, card: Path, version: Any) -> None:
+    """Every file the manifest lists is there with its recorded sha256, and the versions agree."""
+    manifest = read_manifest(folder)
+    for cfg in manifest.get("configs", {}).values():
+        for rel, digest in cfg.get("files", {}).items():
+            p = folder / rel
+            if not p.is_file():
+                raise DatasetError(f"{p}: listed in {MANIFEST} but missing")
+            if sha256_file(p) != digest:
+                raise DatasetError(f"{p}: sha256 differs from {MANIFEST} (file changed since the build)")
+    if version is not None and manifest.get("dataset_version") != version:
+        raise DatasetError(f"{card}: dataset_version {version} but {MANIFEST} says "
+                           f"{manifest.get('dataset_version')}")
 
 
 def read_manifest(folder: str | Path) -> dict[str, Any]:

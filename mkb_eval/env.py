@@ -47,7 +47,7 @@ def describe(gpu: bool = True) -> dict[str, Any]:
     """A JSON-able description of the machine; GPU fields only when CUDA is usable."""
     import torch
 
-    from mkb_eval import __version__
+    from mkb_eval._version import __version__
 
     env: dict[str, Any] = {
         "python": platform.python_version(),

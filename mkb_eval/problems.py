@@ -167,7 +167,36 @@ def load_problem(folder: str | Path) -> Problem:
         raise _fail(yaml_path, f"invalid YAML: {e}") from None
     if not isinstance(cfg, dict):
         raise _fail(yaml_path, "top level must be a mapping")
+    pid, slug, family, dtype = _identity(cfg, m, folder, yaml_path)
+    description = _require(cfg, "description", str, yaml_path).strip()
+    if not description:
+        raise _fail(yaml_path, "description is empty")
+    sizes, tol, mutates = _sizes_and_rules(cfg, yaml_path)
+    prov = _require(cfg, "provenance", dict, yaml_path)
+    for k in ("source", "notes"):
+        if not isinstance(prov.get(k), str) or not prov[k].strip():
+            raise _fail(yaml_path, f"provenance.{k} must be a non-empty string")
+    lic = _require(cfg, "license", str, yaml_path)
+    if lic not in LICENSES:
+        raise _fail(yaml_path, f"license '{lic}' is not one we can ship ({LICENSES})")
+    sol = _sol_model(_require(cfg, "sol", dict, yaml_path), yaml_path)
+    unknown = set(cfg) - _KNOWN_FIELDS
+    if unknown:
+        raise _fail(yaml_path, f"unknown fields {sorted(unknown)}")
+    return Problem(
+        id=pid, slug=slug, family=family, dtype=dtype, description=description, docstring=docstring,
+        path=folder.resolve(), sizes=sizes, tolerance_factor=float(tol.get("factor", 3.0)),
+        mutates=tuple(mutates), provenance=prov, license=lic, sol=sol,
+        hash=problem_hash(source, cfg), meta=cfg,
+    )
 
+
+_KNOWN_FIELDS = {"id", "slug", "family", "dtype", "description", "sizes", "tolerance", "mutates",
+                 "provenance", "license", "sol", "inputs", "outputs"}
+
+
+def _identity(cfg: dict[str, Any], m: re.Match[str], folder: Path, yaml_path: Path) -> tuple[int, str, str, str]:
+    """id, slug, family and dtype, each agreeing with the folder's name and place."""
     pid = _require(cfg, "id", int, yaml_path)
     if pid != int(m.group(1)):
         raise _fail(yaml_path, f"id {pid} does not match the folder number {m.group(1)}")
@@ -186,10 +215,11 @@ def load_problem(folder: str | Path) -> Problem:
         raise _fail(yaml_path, f"dtype '{dtype}' is not one of {DTYPES}")
     if not slug.endswith(dtype):
         raise _fail(yaml_path, f"slug '{slug}' must end with its dtype '{dtype}'")
-    description = _require(cfg, "description", str, yaml_path).strip()
-    if not description:
-        raise _fail(yaml_path, "description is empty")
+    return pid, slug, family, dtype
 
+
+def _sizes_and_rules(cfg: dict[str, Any], yaml_path: Path) -> tuple[dict[str, Any], dict[str, Any], list[int]]:
+    """The sizes (every one of SIZES, no other), the tolerance and the mutated input positions."""
     sizes = _require(cfg, "sizes", dict, yaml_path)
     for s in SIZES:
         if not isinstance(sizes.get(s), dict) or not sizes[s]:
@@ -197,23 +227,18 @@ def load_problem(folder: str | Path) -> Problem:
     extra = set(sizes) - set(SIZES)
     if extra:
         raise _fail(yaml_path, f"unknown sizes {sorted(extra)}; allowed: {SIZES}")
-
     tol = cfg.get("tolerance", {"factor": 3.0})
     if not isinstance(tol, dict) or not isinstance(tol.get("factor", 3.0), (int, float)) or tol.get("factor", 3.0) <= 0:
         raise _fail(yaml_path, "tolerance must be a mapping with a positive 'factor'")
     mutates = cfg.get("mutates", [])
-    if not isinstance(mutates, list) or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in mutates):
+    if not isinstance(mutates, list) or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0
+                                                for i in mutates):
         raise _fail(yaml_path, "mutates must be a list of input positions (non-negative ints)")
+    return sizes, tol, mutates
 
-    prov = _require(cfg, "provenance", dict, yaml_path)
-    for k in ("source", "notes"):
-        if not isinstance(prov.get(k), str) or not prov[k].strip():
-            raise _fail(yaml_path, f"provenance.{k} must be a non-empty string")
-    lic = _require(cfg, "license", str, yaml_path)
-    if lic not in LICENSES:
-        raise _fail(yaml_path, f"license '{lic}' is not one we can ship ({LICENSES})")
 
-    sol_cfg = _require(cfg, "sol", dict, yaml_path)
+def _sol_model(sol_cfg: dict[str, Any], yaml_path: Path) -> SolModel:
+    """The speed-of-light model, whose stated bound must be the one its numbers give."""
     try:
         flops = float(sol_cfg["flops"])
         nbytes = float(sol_cfg["bytes"])
@@ -230,19 +255,7 @@ def load_problem(folder: str | Path) -> Problem:
     if bound != actual:
         raise _fail(yaml_path, f"sol.bound says '{bound}' but the numbers give '{actual}' "
                                f"(memory {sol.memory_ms:.4f} ms, compute {sol.compute_ms:.4f} ms)")
-
-    known = {"id", "slug", "family", "dtype", "description", "sizes", "tolerance", "mutates",
-             "provenance", "license", "sol", "inputs", "outputs"}
-    unknown = set(cfg) - known
-    if unknown:
-        raise _fail(yaml_path, f"unknown fields {sorted(unknown)}")
-
-    return Problem(
-        id=pid, slug=slug, family=family, dtype=dtype, description=description, docstring=docstring,
-        path=folder.resolve(), sizes=sizes, tolerance_factor=float(tol.get("factor", 3.0)),
-        mutates=tuple(mutates), provenance=prov, license=lic, sol=sol,
-        hash=problem_hash(source, cfg), meta=cfg,
-    )
+    return sol
 
 
 def normalize_source(source: str) -> str:

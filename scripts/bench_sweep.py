@@ -77,7 +77,7 @@ def sweep(out: Path, log: Path, *, stage: str, tier: str, parallel: int, warm: b
     t0 = time.perf_counter()
     with open(said, "a") as sink:
         proc = subprocess.Popen(cmd, env=env, stdout=sink,
-                                preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores else None)
+                                preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores else None)  # noqa: PLW1509 - no threads here
     stop = time.time() + max(1.0, deadline - time.time())
     while (ended := os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT | os.WNOHANG)) is None and time.time() < stop:
         time.sleep(0.2)
@@ -89,8 +89,8 @@ def sweep(out: Path, log: Path, *, stage: str, tier: str, parallel: int, warm: b
     if sampler is not None:
         sampler.terminate()
         sampler.wait()
-    host = [b - a for a, b in zip(host0, cpu_times())]
-    mine = [b - a for a, b in zip(mine0, cpu_times(cores))][:8]       # guest time is inside user time
+    host = [b - a for a, b in zip(host0, cpu_times(), strict=False)]
+    mine = [b - a for a, b in zip(mine0, cpu_times(cores), strict=False)][:8]       # guest time is inside user time
     part = {"stage": stage, "file": out.name, "gpus": gpus, "cpus": len(cores) if cores else os.cpu_count(),
             "parallel": parallel, "warm": warm, "workers": workers_mode() if warm else "cold",
             "steal": round(host[7] / sum(host), 4) if len(host) > 7 and sum(host) > 0 else None,
@@ -124,7 +124,7 @@ def cpu_times(cores: list[int] | None = None) -> list[int]:
                 if not name.startswith("cpu") or name == "cpu" or (cores and int(name[3:]) not in cores):
                     continue
                 v = [int(x) for x in xs]
-                out = [a + b for a, b in zip(out, v)] if out else v
+                out = [a + b for a, b in zip(out, v, strict=False)] if out else v
     except (OSError, ValueError):
         return []
     return out
@@ -201,7 +201,8 @@ def summary(d: Path) -> dict:
         mine = [p for p in ps if p["file"] == f]
         wall = sum(p["wall_s"] for p in mine)
         report["sweeps"].append({
-            "file": f, "gpus": mine[0]["gpus"], "workers": mine[0].get("workers", "exec"), "cpus": mine[0].get("cpus"), "parallel": mine[0]["parallel"], "evaluations": len(recs), "wall_s": round(wall, 1),
+            "file": f, "gpus": mine[0]["gpus"], "workers": mine[0].get("workers", "exec"), "cpus": mine[0].get("cpus"),
+            "parallel": mine[0]["parallel"], "evaluations": len(recs), "wall_s": round(wall, 1),
             "calls": len(mine), "complete": not mine[-1]["cut"],
             "per_minute": round(60 * len(recs) / wall, 1) if wall else None,
             "passed": sum(r["status"] in ("ok", "unverified") for r in recs), "stage_means_s": stage_means(recs),
@@ -452,7 +453,8 @@ def main() -> int:
             print(f"deadline reached before stage {stage}", flush=True)
             break
         if stage == "sweep":
-            sweep(d / f"sweep_{args.gpus}gpu{'_exec' if workers_mode() == 'exec' else ''}.jsonl", log, stage="sweep", tier=args.tier, parallel=args.parallel * args.gpus,
+            sweep(d / f"sweep_{args.gpus}gpu{'_exec' if workers_mode() == 'exec' else ''}.jsonl", log, stage="sweep",
+                  tier=args.tier, parallel=args.parallel * args.gpus,
                   warm=True, gpus=args.gpus if args.tier == "gpu" else None, problems=args.problems, deadline=deadline,
                   cpus=args.cpus or None)
         elif stage == "cold":

@@ -72,7 +72,7 @@ case "$stage" in
     sols="${NOISE_SOLUTIONS:-3/cutedsl 3/tirx 46/cutedsl 55/tirx 70/cutedsl 70/tirx}"
     for p in $(seq 0 $((${NOISE_PROCS:-4} - 1))); do
       if [ $((p % 2)) = 1 ]; then fixed="env PYTHONHASHSEED=0 setarch $(uname -m) -R"; else fixed=""; fi
-      timeout "$budget" $fixed taskset -c 1 python3 scripts/timing_noise.py $sols --rep "$p" --variants base \
+      timeout "$budget" $fixed taskset -c 1 python3 scripts/diagnostics/timing_noise.py $sols --rep "$p" --variants base \
         --rounds "${NOISE_ROUNDS:-4}" --pause-s 5 "$@" >> "$OUT/noise.jsonl" 2>> "$OUT/noise.err"
     done
     tail -3 "$OUT/noise.err"; wc -l "$OUT/noise.jsonl" ;;

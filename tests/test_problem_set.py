@@ -26,7 +26,7 @@ def _tensors(value):
 
 def _equal(a, b):
     ta, tb = list(_tensors(a)), list(_tensors(b))
-    return len(ta) == len(tb) and all(x.dtype == y.dtype and torch.equal(x, y) for x, y in zip(ta, tb))
+    return len(ta) == len(tb) and all(x.dtype == y.dtype and torch.equal(x, y) for x, y in zip(ta, tb, strict=True))
 
 
 def test_problem_ids_unique_and_families_valid():

@@ -14,13 +14,15 @@ import json
 import os
 import re
 import sys
+import threading
+import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from mkb_eval import problems as P
-from mkb_eval import ray_executor as R
+from mkb_eval.sweep import ray_executor as R
 from mkb_eval import sweep
 from mkb_eval.cli import main
 from mkb_eval.harness.verify import Limits
@@ -33,10 +35,15 @@ _EVAL_DIR = re.compile(r"[^\s\"']*/mkb-eval-[A-Za-z0-9_]+")
 @pytest.fixture(scope="module")
 def ray_local() -> Any:
     ray = pytest.importorskip("ray")
-    # a small object store (records are KBs); the workers inherit the offline env set by conftest
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=100 * 2**20)
-    yield ray
-    ray.shutdown()
+    # a small object store (records are KBs); the workers inherit the offline env set by conftest, and
+    # a mark of this run that the fork servers they start carry (other tests may run servers of their own)
+    os.environ[_MARK] = _RUN
+    try:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=100 * 2**20)
+        yield ray
+        ray.shutdown()
+    finally:
+        os.environ.pop(_MARK, None)
 
 
 @pytest.fixture(scope="module")
@@ -49,12 +56,17 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> list[sweep.Job]:
         sweep.Job(p28, "cutedsl", bad)]                                                     # compile_error
 
 
+_MARK, _RUN = "MKB_TEST_RAY_RUN", uuid.uuid4().hex
+
+
 def _fork_servers() -> list[int]:
-    """Pids of fork servers running on this machine."""
+    """Pids of the fork servers this module's Ray workers started and that still run (a server
+    another test or process runs beside them does not count)."""
     pids = []
     for d in Path("/proc").iterdir():
         try:
-            if d.name.isdigit() and b"mkb_eval.harness.forkserver" in (d / "cmdline").read_bytes():
+            if (d.name.isdigit() and b"mkb_eval.harness.forkserver" in (d / "cmdline").read_bytes()
+                    and f"{_MARK}={_RUN}".encode() in (d / "environ").read_bytes().split(b"\0")):
                 pids.append(int(d.name))
         except OSError:
             continue
@@ -128,7 +140,22 @@ def test_warm_actors_report_a_failed_job_and_go_on(ray_local: Any, tmp_path: Pat
     stale = sweep.Job(dataclasses.replace(p28, hash="0" * 64), "tirx", p28.solution_path("tirx"))
     jobs = [stale] + sweep.shipped_jobs([p36], P.DSLS)
     out = tmp_path / "w.jsonl"
-    new = sweep.run_sweep(jobs, out, tier="cpu", executor="ray", verify_kwargs=KW, warm=True)
+    seen: set[int] = set()
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            seen.update(_fork_servers())
+            stop.wait(0.2)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        new = sweep.run_sweep(jobs, out, tier="cpu", executor="ray", verify_kwargs=KW, warm=True)
+    finally:
+        stop.set()
+        watcher.join()
+    assert seen, "the actors' fork servers were not found by their mark (the check below would prove nothing)"
     assert sorted((r["problem_id"], r["dsl"]) for r in new) == [(36, "cutedsl"), (36, "tirx")]
     text = " ".join(capsys.readouterr().out.split())
     assert text.count("NOT RECORDED") == 1 and "install the same commit on every node" in text

@@ -55,7 +55,7 @@ def test_eager_baseline_reuse_has_its_own_file_and_failures_raise(tmp_path):
     assert len((tmp_path / "eager_baselines.jsonl").read_text().splitlines()) == 1
 
 
-def test_out_of_memory_beside_other_evaluations_is_retried_alone(monkeypatch):
+def test_out_of_memory_beside_other_evaluations_is_retried_alone(monkeypatch):  # noqa: C901 - one fake per outcome
     """Evaluations in flight share the GPU's memory: a kernel (or the judge) that ran out of it there
     is evaluated again alone before a verdict is stored, and the record says so; other failures are
     stored as they are, and a harness exception is reported, not stored, without ending the sweep."""
@@ -102,7 +102,7 @@ def test_out_of_memory_beside_other_evaluations_is_retried_alone(monkeypatch):
 
     jobs = S.shipped_jobs([P.find(i) for i in (28, 29, 30, 31, 36, 1)], ["tirx"])
     sink = Sink()
-    S._run_local(S.JobQueue(S.spread_order(jobs)), "gpu", {}, parallel=3, sink=sink)
+    S.run_local(S.JobQueue(S.spread_order(jobs)), "gpu", {}, parallel=3, sink=sink)
     by = {r["problem_id"]: r for r in sink.recs}
     assert len(sink.recs) == 5 and all(by[i]["status"] == "ok" and by[i]["flags"] == ["retried_alone_after_oom"]
                                        for i in (28, 29, 30))
@@ -133,7 +133,7 @@ def test_out_of_memory_beside_other_evaluations_is_retried_alone(monkeypatch):
 
     fake = Pool()
     monkeypatch.setattr(W.WarmPool, "for_lanes", classmethod(lambda cls, *a, **k: fake))
-    S._run_local(S.JobQueue(S.spread_order(jobs)), "gpu", {}, parallel=3, sink=Sink(), warm=True)
+    S.run_local(S.JobQueue(S.spread_order(jobs)), "gpu", {}, parallel=3, sink=Sink(), warm=True)
     assert fake.allowed == 3 and fake.filled == [0, 0, 0]
 
 

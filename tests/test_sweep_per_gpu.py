@@ -1,4 +1,4 @@
-"""sweep_per_gpu: one sweep process per GPU, fed a job at a time; nothing handed out is lost."""
+"""sweep.per_gpu: one sweep process per GPU, fed a job at a time; nothing handed out is lost."""
 
 import io
 import json
@@ -6,7 +6,7 @@ import sys
 
 from mkb_eval import problems as P
 from mkb_eval import sweep as S
-from mkb_eval import sweep_per_gpu as G
+from mkb_eval.sweep import per_gpu as G
 
 
 class Sink:
@@ -107,7 +107,7 @@ def test_a_child_dies_with_its_parent(tmp_path):
     import time
 
     script = ("import os, subprocess, sys\n"
-              "c = subprocess.Popen([sys.executable, '-c', 'from mkb_eval.sweep_per_gpu import _die_with_parent; "
+              "c = subprocess.Popen([sys.executable, '-c', 'from mkb_eval.sweep.per_gpu import _die_with_parent; "
               "import time; _die_with_parent(); time.sleep(60)'])\n"
               "print(c.pid, flush=True)\n"
               "c.wait()\n")

@@ -196,11 +196,13 @@ class ForkedProc:
     def cancel(self) -> None:
         """Kill it (its session) once it exists; one not yet forked exits on its closed stdin."""
         self.cancelled = True
+        if self.pid is not None:               # first: an idle worker that saw its stdin close would exit 0 instead
+            killpg(self.pid)
         try:
             self.stdin.close()
         except OSError:
             pass
-        if self.pid is not None:
+        if self.pid is not None:               # forked meanwhile
             killpg(self.pid)
 
     def _exited(self, rc: int) -> None:

@@ -13,16 +13,13 @@ before every timed phase, made the lane the bottleneck of a 1-GPU sweep).
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 from collections.abc import Iterator
 from typing import Any
 
+from mkb_eval.harness.gpus import physical_gpu
 
-def physical_gpu(index: int) -> str:
-    """The CUDA_VISIBLE_DEVICES entry for this process's GPU ``index`` (respects an inherited mask)."""
-    mask = [x for x in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if x.strip()]
-    return mask[index] if index < len(mask) else str(index)
+__all__ = ["GpuLane", "GpuLanes", "physical_gpu"]   # physical_gpu: still importable from here
 
 
 class GpuLane:

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from mkb_eval.harness.attest import WindowCalibration
-from mkb_eval.harness.lanes import physical_gpu
+from mkb_eval.harness.gpus import physical_gpu
 from mkb_eval.harness.sandbox import own_code_env
 
 

@@ -12,7 +12,7 @@ collector off; ``gated`` queues a fixed GPU sleep before the start event, so the
 overlaps the sleep instead of being timed; ``after_profiler`` is ``base`` once CUPTI has been
 started in the process (the worker used to, for its device time).
 
-    python3 scripts/timing_noise.py 3/cutedsl 22/tirx ... > noise.jsonl
+    python3 scripts/diagnostics/timing_noise.py 3/cutedsl 22/tirx ... > noise.jsonl
 """
 
 from __future__ import annotations
@@ -27,13 +27,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import torch  # noqa: E402
+import torch
 
-from mkb_eval.harness.timing import Clock, cpu_probe_ms, l2_flusher, time_draws  # noqa: E402
-from mkb_eval.harness.worker import _import_file  # noqa: E402
-from mkb_eval.problems import find  # noqa: E402
+from mkb_eval.harness.timing import Clock, cpu_probe_ms, l2_flusher, time_draws
+from mkb_eval.harness.worker import _import_file
+from mkb_eval.problems import find
 
 
 def gated_draws(fn: Any, make: Any, seeds: list[int], device: torch.device, gate_cycles: int) -> list[float]:

@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any
 from mkb_eval import problems as P
 
 if TYPE_CHECKING:
-    from mkb_eval.sweep import Job
+    from mkb_eval.sweep.jobs import Job
 
 INSTALL_HINT = "the Ray executor needs Ray: pip install 'mkb-eval[ray]'"
 
@@ -114,7 +114,7 @@ def _problem_ref(problem: P.Problem) -> str:
 
 
 def verify_task(problem_ref: str, problem_hash: str, dsl: str, kernel_name: str, kernel_bytes: bytes, tier: str,
-                verify_kwargs: dict[str, Any], pool: Any = None) -> dict[str, Any]:
+                verify_kwargs: dict[str, Any], *, pool: Any = None) -> dict[str, Any]:
     """One evaluation inside a Ray worker (or a warm actor's ``pool``); returns ``VerificationRecord.to_dict()``."""
     from mkb_eval.harness.verify import verify
 
@@ -176,7 +176,7 @@ def run_jobs(jobs: Sequence[Job], tier: str, verify_kwargs: dict[str, Any], emit
             job = pending.pop(ref)
             try:
                 rec = ray.get(ref)
-            except Exception as e:  # RayTaskError, WorkerCrashedError, NodeDiedError, ...: one job, not the sweep
+            except Exception as e:  # noqa: BLE001 - RayTaskError, WorkerCrashedError, NodeDiedError, ...: one job, not the sweep
                 fail(job, _error(e))
                 continue
             emit(rec)
@@ -213,7 +213,7 @@ def _run_warm(jobs: list[Job], tier: str, verify_kwargs: dict[str, Any], emit: C
             except RayActorError as e:            # the actor died: its job is lost, and so is the actor
                 fail(job, _error(e))
                 continue
-            except Exception as e:  # the task's own failure (a stale problem copy, a harness error): one job
+            except Exception as e:  # noqa: BLE001 - the task's own failure (a stale problem copy, a harness error): one job
                 fail(job, _error(e))
             else:
                 emit(rec)

@@ -7,7 +7,12 @@ launches it on torch CPU tensors. Written while developing the TIRx solutions wi
 result of it counts as verification. Use: ``lib, sigs = build(cuda_source, tag)`` then
 ``launch(lib, sigs, kernel_name, grid, threads, {param: tensor_or_scalar})``.
 """
-import ctypes, hashlib, os, re, subprocess, tempfile
+import ctypes
+import hashlib
+import os
+import re
+import subprocess
+import tempfile
 from pathlib import Path
 
 import torch

@@ -5,7 +5,7 @@ One thread visits every vCPU in turn and times the same pure-Python work on each
 spells come at the same moments on every core, the host runs slower as a whole (frequency); if each core
 has its own, a timing lane could take the core that is fast at the moment. Prints one JSON line per round.
 
-    python3 scripts/core_speed.py --seconds 60 > core_speed.jsonl
+    python3 scripts/diagnostics/core_speed.py --seconds 60 > core_speed.jsonl
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from mkb_eval.harness.timing import cpu_probe_ms  # noqa: E402
+from mkb_eval.harness.timing import cpu_probe_ms
 
 
 def main() -> None:

@@ -5,7 +5,7 @@ polling threads: a 1-GPU sweep's process used 0.73 of a core on the H200 (12 in 
 process could not keep two GPUs going, let alone four (results/h200/2026-11-30_bench6, where the
 GPUs' processes of a 2-GPU sweep used 0.6-0.7 each). Here each GPU gets a sweep process of its own, on its own share
 of the cores (timing core included), seeing only its GPU; this process only hands out jobs (in
-:func:`~mkb_eval.sweep.spread_order`, to whichever GPU's process asks next, so a slow GPU takes
+:func:`~mkb_eval.sweep.jobs.spread_order`, to whichever GPU's process asks next, so a slow GPU takes
 fewer) and stores what comes back, so records, resumption and the progress bar are the same as a
 one-process sweep's.
 
@@ -34,18 +34,20 @@ from typing import Any
 
 from mkb_eval import problems as P
 from mkb_eval.harness import cores
-from mkb_eval.harness.lanes import physical_gpu
+from mkb_eval.harness.gpus import physical_gpu
 from mkb_eval.harness.sandbox import own_code_env
-from mkb_eval.sweep import Job, JobQueue, spread_order
+from mkb_eval.sweep.jobs import Job, JobQueue, spread_order
+from mkb_eval.sweep.local import run_local
 
-CHILD = [sys.executable, "-m", "mkb_eval.sweep_per_gpu"]
+CHILD = [sys.executable, "-m", "mkb_eval.sweep.per_gpu"]
 
 
 def run(todo: list[Job], tier: str, verify_kwargs: dict[str, Any], parallel: int, n_gpus: int, sink: Any,
         warm: bool = False) -> None:
     """Evaluate ``todo`` with one child sweep per GPU, ``parallel`` in flight over all of them."""
     queue = JobQueue(spread_order(todo))
-    shares = cores.split(n_gpus) or [None] * n_gpus
+    dealt = cores.split(n_gpus)
+    shares: list[list[int] | None] = list(dealt) if dealt else [None] * n_gpus
     per_gpu = -(-max(1, parallel) // n_gpus)
     children = [_start(g, {"tier": tier, "verify_kwargs": verify_kwargs, "parallel": per_gpu, "warm": warm,
                            "expected": len(todo), "cores": shares[g]}) for g in range(n_gpus)]
@@ -128,7 +130,7 @@ class _RemoteQueue(JobQueue):
             while True:
                 self._proto.send({"want": 1})
                 line = sys.stdin.readline()
-                msg = json.loads(line) if line.strip() else {"done": True}    # stdin closed: the parent is gone
+                msg: dict[str, Any] = json.loads(line) if line.strip() else {"done": True}    # stdin closed: parent gone
                 if msg.get("done"):
                     self._remaining = 0
                     return None
@@ -193,8 +195,6 @@ def _die_with_parent() -> None:
 
 
 def main() -> int:
-    from mkb_eval.sweep import _run_local
-
     t0 = time.perf_counter()
     _die_with_parent()
     proto = _Protocol()
@@ -202,7 +202,7 @@ def main() -> int:
     if cfg.get("cores") and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, cfg["cores"])         # before any thread starts: all of them inherit it
     queue = _RemoteQueue(cfg["expected"], proto)
-    _run_local(queue, cfg["tier"], cfg["verify_kwargs"], cfg["parallel"], _Reply(proto, queue), cfg["warm"])
+    run_local(queue, cfg["tier"], cfg["verify_kwargs"], cfg["parallel"], _Reply(proto, queue), cfg["warm"])
     usage = os.times()
     proto.send({"cpu_s": usage.user + usage.system, "wall_s": time.perf_counter() - t0})
     return 0

@@ -2,7 +2,7 @@
 vCPU of its own: the mean time of k at once against one alone, and how much each other vCPU, busy
 beside vCPU 0, slows it (a hidden SMT sibling under a hypervisor would stand out). Prints JSON.
 
-    python3 scripts/cpu_probe.py > cpu_probe.json
+    python3 scripts/diagnostics/cpu_probe.py > cpu_probe.json
 """
 
 from __future__ import annotations
