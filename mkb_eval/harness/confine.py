@@ -135,8 +135,53 @@ def plan(folder: Path, code: Path, extra_read: list[str] | None = None) -> tuple
             uniq.append([p, acc])
     scoped = (_SCOPE_ABSTRACT_UNIX | _SCOPE_SIGNAL) if version >= 6 else 0
     spec = {"abi": version, "handled": handled, "scoped": scoped, "rules": uniq}
+    if gpu_device():
+        why = cuda_blocked(spec, code)
+        if why:
+            return None, (f"unavailable: CUDA does not initialise under the Landlock rules on this host ({why}); "
+                          "the worker has its user's rights on files")
     return spec, (f"landlock ABI {version}: writes only in its evaluation folder; reads only system, Python and "
                   f"harness paths" + ("; no signals or abstract sockets outside" if scoped else ""))
+
+
+def gpu_device() -> bool:
+    """Whether this host has an NVIDIA GPU's device nodes (workers may then need CUDA under the rules)."""
+    return os.path.exists("/dev/nvidiactl")
+
+
+_CUDA_PROBE = """
+import json, sys
+from mkb_eval.harness import confine
+err = confine.apply(json.load(sys.stdin))
+if err:
+    sys.exit("confine: " + err)
+import torch
+torch.zeros(1, device="cuda").add_(1)
+torch.cuda.synchronize()
+"""
+_CUDA_VERDICT: dict[str, str] = {}
+
+
+def cuda_blocked(spec: dict[str, Any], code: Path) -> str:
+    """'' when a child confined by ``spec`` can initialise CUDA, else the reason (the child's last line); probed
+    once per process. On the H200 hosts (2026-12-01, Landlock ABI 7) CUDA's initialisation failed with error 304
+    under these rules and every variant tried short of write access to the whole file system
+    (scripts/diagnostics/confine_cuda_probe.py), so there workers run unconfined and their records say so."""
+    if "verdict" not in _CUDA_VERDICT:
+        import json
+        import subprocess
+
+        folder = spec["rules"][0][0]                       # the evaluation folder: the worker's temp and home
+        env = {**os.environ, "TMPDIR": folder, "HOME": folder, "XDG_CACHE_HOME": folder,
+               "PYTHONPATH": os.pathsep.join([str(code), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+        try:
+            r = subprocess.run([sys.executable, "-c", _CUDA_PROBE], input=json.dumps(spec), env=env, cwd="/",
+                               capture_output=True, text=True, timeout=180)
+            lines = r.stderr.strip().splitlines() or [f"exit status {r.returncode}"]
+            _CUDA_VERDICT["verdict"] = "" if r.returncode == 0 else lines[-1][-200:]
+        except (OSError, subprocess.SubprocessError) as e:
+            _CUDA_VERDICT["verdict"] = f"the probe could not run ({type(e).__name__})"
+    return _CUDA_VERDICT["verdict"]
 
 
 def apply(spec: dict[str, Any] | None) -> str:

@@ -40,6 +40,8 @@ def variants(base: dict) -> dict[str, dict]:
 
 
 def child(spec: dict) -> str:
+    folder = spec["rules"][0][0]                  # as in a worker: its temp, home and caches in its folder
+    os.environ.update(TMPDIR=folder, HOME=folder, XDG_CACHE_HOME=folder)
     err = confine.apply(spec)
     if err:
         return f"apply: {err}"

@@ -24,6 +24,14 @@ HAVE = confine.abi()[0] > 0
 needs_landlock = pytest.mark.skipif(not HAVE, reason=f"no Landlock here: {confine.abi()[1]}")
 
 
+@pytest.fixture(autouse=True)
+def file_rules_only(monkeypatch, request):
+    """These tests are about the file rules: no CUDA probe (on a GPU host the plan would first ask whether CUDA
+    initialises under them), except in the tests of that decision."""
+    if "cuda" not in request.node.name:
+        monkeypatch.setattr(confine, "gpu_device", lambda: False)
+
+
 @pytest.fixture
 def arena():
     """A world-readable scratch tree: the worker's folder, a world-writable folder outside it, a private file."""
@@ -149,3 +157,29 @@ def test_an_unconfined_worker_is_warned_about_once(monkeypatch):
         V.warn_unconfined({"outside_write": "allowed", "confinement": "unavailable: x"})
         V.warn_unconfined({"outside_write": "allowed", "confinement": "unavailable: x"})
     assert len(seen) == 1 and "outside its evaluation folder" in str(seen[0].message)
+
+
+@needs_landlock
+def test_a_gpu_host_where_cuda_fails_under_the_rules_gets_no_confinement_and_says_why(monkeypatch, tmp_path):
+    """On the H200 hosts CUDA did not initialise under the rules (error 304): the plan is dropped there, with the
+    reason in the record's fact, rather than every evaluation crashing."""
+    monkeypatch.setattr(confine, "gpu_device", lambda: True)
+    monkeypatch.setattr(confine, "_CUDA_VERDICT", {"verdict": "RuntimeError: ... Error 304: OS call failed"})
+    plan, fact = confine.plan(tmp_path, S.repo_root())
+    assert plan is None and fact.startswith("unavailable: CUDA does not initialise") and "Error 304" in fact
+    monkeypatch.setattr(confine, "_CUDA_VERDICT", {"verdict": ""})       # where CUDA works confined: kept
+    plan, fact = confine.plan(tmp_path, S.repo_root())
+    assert plan is not None and fact.startswith("landlock ABI")
+
+
+@needs_landlock
+def test_the_cuda_probe_runs_a_confined_child(monkeypatch, tmp_path):
+    """The probe really applies the rules in a child and tries CUDA: here (no GPU) it fails and says so; a rule set
+    the child cannot apply is reported as such."""
+    monkeypatch.setattr(confine, "_CUDA_VERDICT", {})
+    spec, _ = confine.plan(tmp_path, S.repo_root())
+    assert spec is not None
+    why = confine.cuda_blocked(spec, S.repo_root())
+    assert why and "confine:" not in why and "temporary directory" not in why   # confined, imported torch, no GPU
+    monkeypatch.setattr(confine, "_CUDA_VERDICT", {})
+    assert confine.cuda_blocked({**spec, "handled": 1 << 62}, S.repo_root()).startswith("confine: ")
