@@ -51,11 +51,24 @@ def test_solution_passes(problem, dsl):
     assert t.window_calls >= 3 and t.eager_attested_ms > 0 and t.eager_ms >= t.eager_event_ms
 
 
+NO_GAIN = 0.95      # a timing cheat that is not rejected must be recorded no faster than this share of its honest twin
+
+
 @pytest.mark.parametrize("problem,path,status", WRONG, ids=[f"{p.id:02d}-{path.stem}" for p, path, _ in WRONG])
 def test_known_bad_kernel_rejected(problem, path, status):
+    """``expected.yaml`` names the status, or alternatives ``a|b``; ``ok:not_faster`` accepts a cheat that passed
+    only if its recorded time is no faster than the shipped CuTe solution's (its honest twin), timed right after."""
     rec = keep(verify(problem, "cutedsl", path, compile_baseline=False), test="wrong", expected=status,
                kernel=path.name)
-    assert rec.status == status, f"{path.name}: got {rec.status} ({rec.message[-1500:]})"
+    allowed = status.split("|")
+    if rec.status == "ok" and "ok:not_faster" in allowed:
+        twin = keep(verify(problem, "cutedsl", problem.solution_path("cutedsl"), compile_baseline=False),
+                    test="honest_twin", kernel=path.name)
+        assert twin.status == "ok", twin.message[-1500:]
+        assert rec.timing.kernel_ms >= NO_GAIN * twin.timing.kernel_ms, \
+            f"{path.name}: recorded {rec.timing.kernel_ms:.4f} ms, faster than its honest twin's {twin.timing.kernel_ms:.4f} ms"
+        return
+    assert rec.status in allowed, f"{path.name}: got {rec.status} ({rec.message[-1500:]})"
 
 
 def test_illegal_memory_access_is_isolated(tmp_path):
