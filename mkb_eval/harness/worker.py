@@ -75,7 +75,7 @@ def _check_guard(watch: Any, where: str) -> None:
 
 def _preload() -> None:
     """A warm-pool worker imports torch and both toolchains while it waits for a job."""
-    import torch  # noqa: F401
+    import torch
     import torch._dynamo  # noqa: F401
 
     for dsl in ("cutedsl", "tirx"):
@@ -193,7 +193,7 @@ def main(argv: list[str]) -> int:
 
 def run(job: dict[str, Any], chan: Channel, progress: Any) -> dict[str, Any]:
     import torch
-    import torch._dynamo  # noqa: F401 - rewraps torch.manual_seed (lazily, e.g. on the first profiler use): before capturing
+    import torch._dynamo  # rewraps torch.manual_seed (lazily, e.g. on the first profiler use): before capturing
 
     from mkb_eval.harness import attest, observe, tensors
     from mkb_eval.harness.timing import Clock, cpu_probe_ms, stream_time_ms, time_draws
