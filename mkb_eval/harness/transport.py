@@ -205,7 +205,7 @@ class _Parser:
         self.nodes = 0
         self.next_offset = 0
 
-    def node(self, d: Any, depth: int) -> Node:
+    def node(self, d: Any, depth: int) -> Node:  # noqa: C901, PLR0912 - one strict check per descriptor field
         self.nodes += 1
         if self.nodes > MAX_NODES:
             raise TransportError(f"more than {MAX_NODES} values")

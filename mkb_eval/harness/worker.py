@@ -191,7 +191,7 @@ def main(argv: list[str]) -> int:
     os._exit(0)  # skip interpreter teardown: candidate atexit hooks and destructors do not run
 
 
-def run(job: dict[str, Any], chan: Channel, progress: Any) -> dict[str, Any]:
+def run(job: dict[str, Any], chan: Channel, progress: Any) -> dict[str, Any]:  # noqa: C901, PLR0915 - the worker's stages in order
     import torch
     import torch._dynamo  # rewraps torch.manual_seed (lazily, e.g. on the first profiler use): before capturing
 
