@@ -292,7 +292,7 @@ class _Placeholders:
         return found if found is not None else self.action.add_parser(name, **kwargs)
 
 
-def build_parser(full: bool = False) -> argparse.ArgumentParser:
+def build_parser(full: bool = False) -> argparse.ArgumentParser:  # noqa: PLR0915 - one flat add_argument per option
     """The ``mkb`` parser; ``full`` fills every lazily imported command now (for tests and docs)."""
     ap = argparse.ArgumentParser(prog="mkb", description="MetaKernelBench toolkit")
     ap.add_argument("--root", default=None, help="problems folder (default: the one beside the package)")

@@ -44,7 +44,7 @@ def curate(cands: list[V.Candidate], gpu: str, root: Path | None, out: Path, com
     shipped = V.shipped_hashes(P.load_all(root))
     best, rep = V.choose(cands, shipped)
     by_key = {}
-    for line, rec in zip(best.lines, best.records):
+    for line, rec in zip(best.lines, best.records, strict=True):
         if rec.get("kind") == "verification" and rec.get("tier") == "gpu":
             by_key[(int(rec["problem_id"]), str(rec["dsl"]))] = line
     lines = [by_key[k] for k in sorted(by_key)]

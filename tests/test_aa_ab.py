@@ -13,7 +13,7 @@ from tests.agent.fake_retime import FakeRetime
 from tests.agent.test_replay import _fake_verify
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-import aa_ab  # noqa: E402
+import aa_ab
 
 
 def test_aa_ab_builds_runs_and_summarizes(tmp_path: Path) -> None:

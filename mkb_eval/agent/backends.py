@@ -137,7 +137,7 @@ class VllmBackend:
         try:
             import vllm
             from vllm import LLM
-        except Exception as e:  # ImportError, or a broken optional dependency (OSError, RuntimeError)
+        except Exception as e:  # noqa: BLE001 - ImportError, or a broken optional dependency (OSError, RuntimeError)
             raise BackendError(f"vLLM cannot be imported ({type(e).__name__}: {str(e).splitlines()[0][:160]}); "
                                "install the LLM extra: bash scripts/install.sh") from None
         self._vllm_version = vllm.__version__
@@ -152,10 +152,10 @@ class VllmBackend:
             kwargs["max_model_len"] = max_model_len
         try:
             self._llm = LLM(**kwargs)
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - any engine start-up failure is reported as this backend's error
             raise BackendError(f"vLLM could not load {path}: {type(e).__name__}: {str(e).splitlines()[0][:200]}") from None
         self._tok = self._llm.get_tokenizer()
-        self.max_context = int(self._llm.llm_engine.model_config.max_model_len)
+        self.max_context: int | None = int(self._llm.llm_engine.model_config.max_model_len)   # (the Backend protocol's type)
 
     def identity(self) -> dict[str, Any]:
         return {"kind": "vllm", "model": self.name, "path": str(self._path), "dtype": self._dtype,
@@ -179,7 +179,7 @@ class VllmBackend:
         except Exception as e:  # noqa: BLE001 - one bad request must not end the run: find it, fail it alone
             if len(conversations) == 1:
                 return [failed(f"vLLM: {type(e).__name__}: {str(e)[:300]}", t0)]
-            return [g for c, s in zip(conversations, sampling) for g in self.generate([c], [s])]
+            return [g for c, s in zip(conversations, sampling, strict=True) for g in self.generate([c], [s])]
         dt = time.perf_counter() - t0
         gens = []
         for o in outs:
@@ -293,7 +293,7 @@ class OpenAIBackend:
             return failed(f"{self.base_url}/chat/completions answered without choices[0].message", t0)
 
     def generate(self, conversations: Sequence[Sequence[Message]], sampling: Sequence[Sampling]) -> list[Generation]:
-        futs = [self._pool.submit(self._one, c, s) for c, s in zip(conversations, sampling)]
+        futs = [self._pool.submit(self._one, c, s) for c, s in zip(conversations, sampling, strict=True)]
         return [f.result() for f in futs]
 
     def close(self) -> None:
@@ -401,7 +401,7 @@ class TransformersBackend:
             else:
                 groups.setdefault(s, []).append(i)
         for s, idx in groups.items():
-            for i, g in zip(idx, self._guarded([conversations[i] for i in idx], s)):
+            for i, g in zip(idx, self._guarded([conversations[i] for i in idx], s), strict=True):
                 out[i] = g
         return [g for g in out if g is not None]
 

@@ -15,6 +15,7 @@ model, torch) and times only what is missing. The CPU tier times nothing (record
 
 from __future__ import annotations
 
+import functools
 import multiprocessing as mp
 import os
 import time
@@ -150,6 +151,8 @@ def prepare(problems: Sequence[P.Problem], run_dir: Path, lanes: Any, env: dict[
             f"{time.perf_counter() - t0:.0f} s (parallel, nothing timed meanwhile)")
     todo = sorted({p.id: p for k in KINDS for p in missing[k]}.values(), key=lambda p: p.id)
     t0 = time.perf_counter()
+    ms: float | None
+    err: str | None
     for i, p in enumerate(todo):
         lane = lanes[i % len(lanes)]
         for kind in KINDS:
@@ -161,7 +164,8 @@ def prepare(problems: Sequence[P.Problem], run_dir: Path, lanes: Any, env: dict[
                 _store_error(cache, baseline_key(p.hash, size, env), kind, err)
             else:
                 try:
-                    ms, _, err = baseline_cached(p, size, env, cache, lambda: measure(p, compiled, lane), kind=kind)
+                    ms, _, err = baseline_cached(p, size, env, cache, functools.partial(measure, p, compiled, lane),
+                                                 kind=kind)
                 except Exception as e:  # noqa: BLE001 - an eager failure: its evaluations time eager themselves
                     ms, err = None, f"{type(e).__name__}: {str(e)[:300]}"
                     log(f"baselines: {p.name} {kind}: {err}; its evaluations time it in their lane instead")

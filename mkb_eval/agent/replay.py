@@ -297,7 +297,7 @@ class ReplayBackend:
 
     def generate(self, conversations: Sequence[Sequence[Message]], sampling: Sequence[Sampling]) -> list[Generation]:
         return [Generation(text=self.answer(c, s), prompt_tokens=0, completion_tokens=0, finish_reason="stop")
-                for c, s in zip(conversations, sampling)]
+                for c, s in zip(conversations, sampling, strict=True)]
 
     def close(self) -> None:
         pass

@@ -37,6 +37,13 @@ def _now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
 
+def _fail_batch(batch: list[tuple[TrialRun, list[Any], Sampling]], msg: str) -> None:
+    """Every trial of a generation batch gets the same infrastructure error."""
+    for run, _, _ in batch:
+        assert run.attempt is not None
+        run.attempt.on_error(msg)
+
+
 class VerificationPool:
     """Verifies submissions in threads.
 
@@ -57,7 +64,9 @@ class VerificationPool:
         self._memo_lock = threading.Lock()
         self.reused = 0
         if verify_fn is None:
-            from mkb_eval.harness.verify import verify as verify_fn
+            from mkb_eval.harness.verify import verify as default_verify
+
+            verify_fn = default_verify
         if tier == "gpu" and gpus < 1:
             raise ValueError("the GPU tier needs at least one GPU (torch sees none); use --device cpu")
         self.tier = tier
@@ -322,18 +331,17 @@ class Runner:
         try:
             gens = self.backend.generate([b[1] for b in batch], [b[2] for b in batch])
         except BackendError as e:
-            for run, _, _ in batch:
-                assert run.attempt is not None
-                run.attempt.on_error(f"backend: {e}")
+            _fail_batch(batch, f"backend: {e}")
             return
-        except Exception as e:  # an engine crash is an infrastructure error of these trials, not a run abort
+        except Exception as e:  # noqa: BLE001 - an engine crash is an infrastructure error of these trials, not a run abort
             msg = f"backend: {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
             self.progress.note(traceback.format_exc(limit=3))
-            for run, _, _ in batch:
-                assert run.attempt is not None
-                run.attempt.on_error(msg)
+            _fail_batch(batch, msg)
             return
-        for (run, _, _), gen in zip(batch, gens):
+        if len(gens) != len(batch):        # a backend's bug, reported as these trials' infrastructure error
+            _fail_batch(batch, f"backend: {len(gens)} generations for {len(batch)} requests")
+            return
+        for (run, _, _), gen in zip(batch, gens, strict=True):
             att = run.attempt
             assert att is not None
             if gen.error:                  # this request failed: this trial's infrastructure error, the others go on
@@ -359,7 +367,7 @@ class Runner:
             assert att is not None
             try:
                 rec = f.result()
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 - a verifier crash is this trial's infrastructure error, not a run abort
                 att.on_error(f"verifier: {type(e).__name__}: {e}")
                 continue
             att.on_verified(rec)

@@ -133,7 +133,7 @@ def combine(parts: Sequence[Sequence[tuple[Any, Any]]], key: int) -> list[list[l
             w = _weights(key, body.device)
             d0 = body.sum(1) + tail
             d1 = (body * w[:body.shape[1]]).sum(1) + tail * w[ROWS_MAX]
-            out += [[int(a), int(b)] for a, b in zip(d0.tolist(), d1.tolist())]
+            out += [[int(a), int(b)] for a, b in zip(d0.tolist(), d1.tolist(), strict=True)]
     res, i = [], 0
     for call in parts:
         res.append(out[i:i + len(call)])
@@ -237,7 +237,8 @@ class WindowCalibration:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> WindowCalibration:
-        return cls(**{k: (int(d[k]) if k == "calls" else float(d[k])) for k in cls.__dataclass_fields__})
+        return cls(calls=int(d["calls"]), make_ms=float(d["make_ms"]), make_host_ms=float(d["make_host_ms"]),
+                   commit_ms=float(d["commit_ms"]), window_ms=float(d["window_ms"]), attested_ms=float(d["attested_ms"]))
 
 
 def attested_ms(stamps: WindowStamps, cal: WindowCalibration) -> float:

@@ -100,7 +100,7 @@ def keep_off_timing_cores(n_gpus: int) -> Iterator[list[int] | None]:
     own mask may name any core); workers inherit the work cores from birth, so their imports and
     compilation never land on a timing core. The previous masks come back on exit.
     """
-    global _base
+    global _base  # noqa: PLW0603 - the process's affinity is process-wide state: one owner at a time
     p = plan(n_gpus)
     if p is None or _base is not None or not hasattr(os, "sched_setaffinity"):
         yield None
@@ -134,7 +134,7 @@ def pinned(cpu: int | None) -> Iterator[None]:
     if cpu is None or not hasattr(os, "sched_setaffinity"):
         yield
         return
-    before = os.sched_getaffinity(0)
+    before: set[int] | None = os.sched_getaffinity(0)
     try:
         os.sched_setaffinity(0, {cpu})
     except OSError:

@@ -31,6 +31,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -40,7 +41,7 @@ MAX_FDS = 5                        # the child's stdin, stdout, stderr, lane gat
 _MSG = 1 << 20
 
 
-def _send(sock: socket.socket, msg: dict[str, Any], fds: list[int] = ()) -> None:
+def _send(sock: socket.socket, msg: dict[str, Any], fds: Sequence[int] = ()) -> None:
     anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
     sock.sendmsg([json.dumps(msg).encode()], anc)
 
@@ -95,8 +96,9 @@ def serve(fd: int) -> None:
     signal.signal(signal.SIGCHLD, lambda *_: None)
     _send(sock, {"ready": True, "import_s": round(time.perf_counter() - t0, 3),
                  "import_cpu_s": round(time.process_time() - c0, 3)})
+    watched: list[socket.socket | int] = [sock, wake_r]
     while True:
-        ready = select.select([sock, wake_r], [], [])[0]
+        ready = select.select(watched, [], [])[0]
         if wake_r in ready:
             os.read(wake_r, 4096)
         _reap(sock)

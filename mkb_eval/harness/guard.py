@@ -74,7 +74,8 @@ class Guard:
         # the task's code objects, held so that their ids stay theirs
         self._task: dict[int, tuple[types.CodeType, str]] = {}
         self._copies: dict[tuple[bytes, tuple[str, ...]], str] = {}
-        for name, obj in vars(module).items():
+        for name, value in vars(module).items():
+            obj = value
             for _ in range(8):                   # through decorators (torch.no_grad) to the task's own code
                 code = getattr(obj, "__code__", None)
                 if isinstance(code, types.CodeType) and code.co_filename == self.file:
@@ -145,7 +146,8 @@ class _Monitoring(Guard):
 
     def __init__(self, module: types.ModuleType) -> None:
         super().__init__(module)
-        mon = sys.monitoring
+        # sys.monitoring is Python 3.12+; mypy checks for 3.10 (python_version), where sys has no such attribute
+        mon: Any = sys.monitoring  # type: ignore[attr-defined]
         self._mon = mon
         self._fns = (mon.get_tool, mon.get_events, mon.register_callback, mon.set_events)
         self._event = mon.events.PY_START
@@ -217,7 +219,7 @@ class _Tracing(Guard):
 
     def remove(self) -> None:
         sys.settrace(None)
-        threading.settrace(None)  # type: ignore[arg-type]
+        threading.settrace(None)
 
 
 def install(module: types.ModuleType, mechanism: str | None = None) -> Guard:

@@ -80,7 +80,10 @@ class Judge:
                commitment: list[list[int]] | None = None, key: int = 0) -> Mismatch | None:
         inputs = self.inputs(seed)
         if worker_digests is not None:
-            for pos, (after, before) in enumerate(zip(worker_digests, tensors.digests(inputs))):
+            expected = tensors.digests(inputs)
+            if len(worker_digests) != len(expected):     # the worker's report is untrusted: every input is checked
+                return Mismatch("input", f"the worker reported {len(worker_digests)} input digests for {len(expected)} inputs")
+            for pos, (after, before) in enumerate(zip(worker_digests, expected, strict=True)):
                 if before is not None and after is not None and tuple(after) != tuple(before) \
                         and pos not in self.problem.mutates:
                     return Mismatch(f"input[{pos}]", "modified by solve; this problem's inputs are read-only")
@@ -182,7 +185,7 @@ def baseline_cached(problem: Problem, size: str, env: dict[str, Any], cache_dir:
         return None, False, None
     try:
         ms, err = float(measure()), None
-    except Exception as e:  # noqa: BLE001 - torch.compile failing on a reference is a recorded fact
+    except Exception as e:            # torch.compile failing on a reference is a recorded fact
         if kind != "compile" or isinstance(e, (ChildProcessError, TimeoutError)):
             raise                 # (the timer process failing is no fact about the reference)
         ms, err = None, f"{type(e).__name__}: {str(e)[:300]}"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 # module prefixes → flag
@@ -105,7 +106,7 @@ def parse_python(source: str, filename: str = "kernel.py") -> ast.Module:
         return ast.parse(source, filename=filename)
 
 
-def check_source(source: str, filename: str = "kernel.py") -> PolicyResult:
+def check_source(source: str, filename: str = "kernel.py") -> PolicyResult:  # noqa: C901, PLR0912 - one branch per AST rule
     """Flag forbidden or suspicious constructs in a candidate's source."""
     try:
         tree = parse_python(source, filename)
@@ -161,7 +162,7 @@ def check_source(source: str, filename: str = "kernel.py") -> PolicyResult:
     return PolicyResult(flags, details)
 
 
-def _flag_module(mod: str, node: ast.AST, flag) -> None:  # type: ignore[no-untyped-def]
+def _flag_module(mod: str, node: ast.AST, flag: Callable[[str, ast.AST, str], None]) -> None:
     for prefix, f in _IMPORT_FLAGS.items():
         if mod == prefix or mod.startswith(prefix + "."):
             flag(f, node, f"import {mod}")

@@ -253,7 +253,7 @@ def unprivileged_ids(user: str | None) -> tuple[tuple[int, int] | None, str]:
 
 def code_root(user: str | None) -> Path:
     """The folder holding the ``mkb_eval`` and ``problems`` a worker of ``user`` imports and reads."""
-    if unprivileged_ids(user)[0] is None:
+    if user is None or unprivileged_ids(user)[0] is None:
         return repo_root()
     return _PROBED[user][2]
 
@@ -362,7 +362,7 @@ def session_usage(sid: int, max_age: float = 0.0) -> tuple[int, int]:
     One scan of /proc serves every session; ``max_age`` lets the watchdogs of evaluations in
     flight share a scan that recent: a scan reads every process's stat, and a dozen judge threads
     scanning 4 times a second each would spend the judge's GIL on it."""
-    global _census
+    global _census  # noqa: PLW0603 - one /proc scan shared by every watchdog thread (under _census_lock)
     with _census_lock:
         t, table = _census
         if time.monotonic() - t > max_age:

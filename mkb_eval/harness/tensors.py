@@ -74,7 +74,7 @@ def load(path: Path) -> Any:
 def refill_(dst: list[Any], src: list[Any]) -> list[Any]:
     """Copy a new draw's values into the previous draw's buffers (same addresses, new content)."""
     out = []
-    for d, s in zip(dst, src):
+    for d, s in zip(dst, src, strict=True):       # the same problem's draws: one value per input
         if isinstance(d, torch.Tensor) and isinstance(s, torch.Tensor) and d.shape == s.shape and d.dtype == s.dtype:
             d.copy_(s)
             out.append(d)

@@ -178,7 +178,7 @@ def attested_phase(w: Any, ref: Reference, events: dict[str, Any], calls: int, t
                kernel_cv=float(statistics.pstdev(times) / statistics.mean(times)) if times else None,
                eager_ms=eager_ms, eager_event_ms=eager_event, eager_attested_ms=eager_att,
                n_warmup=n_warmup, n_timed=n_timed, times_ms=[round(x, 5) for x in times])
-    t.speedup = t.eager_ms / t.kernel_ms if t.kernel_ms else None
+    t.speedup = eager_ms / t.kernel_ms if t.kernel_ms else None
     if sol_ms:
         t.sol_ms = sol_ms
         t.sol_fraction = sol_ms / t.kernel_ms if t.kernel_ms else None

@@ -43,7 +43,7 @@ def reference_numerics() -> Iterator[None]:
     The flags are process-wide, so the context is counted: judges in concurrent threads share one
     strict setting and the last to leave restores what was there before.
     """
-    global _numerics_users, _numerics_saved
+    global _numerics_users, _numerics_saved  # noqa: PLW0603 - process-wide flags: counted under _NUMERICS
     m = torch.backends.cuda.matmul
     with _NUMERICS:
         if _numerics_users == 0:
@@ -114,7 +114,7 @@ def check_structure(out: Any, ref: Any, path: str = "output") -> Mismatch | None
             return Mismatch(path, f"expected a {type(ref).__name__}, got {_kind(out)}")
         if len(out) != len(ref):
             return Mismatch(path, f"length {len(out)} != expected {len(ref)}")
-        for i, (o, r) in enumerate(zip(out, ref)):
+        for i, (o, r) in enumerate(zip(out, ref, strict=True)):
             bad = check_structure(o, r, f"{path}[{i}]")
             if bad:
                 return bad
@@ -148,7 +148,7 @@ def check_descriptor(node: Any, ref: Any, path: str = "output") -> Mismatch | No
             return Mismatch(path, f"expected a {type(ref).__name__}, got {_desc_kind(node)}")
         if len(node.items) != len(ref):
             return Mismatch(path, f"length {len(node.items)} != expected {len(ref)}")
-        for i, (o, r) in enumerate(zip(node.items, ref)):
+        for i, (o, r) in enumerate(zip(node.items, ref, strict=True)):
             bad = check_descriptor(o, r, f"{path}[{i}]")
             if bad:
                 return bad
@@ -212,7 +212,7 @@ def compare(out: Any, ref: Any, anchor: Any, factor: float = 3.0, path: str = "o
     if isinstance(ref, torch.Tensor):
         return _compare_tensor(out, ref, anchor, factor, path)
     if isinstance(ref, (list, tuple)):
-        for i, (o, r, a) in enumerate(zip(out, ref, anchor)):
+        for i, (o, r, a) in enumerate(zip(out, ref, anchor, strict=True)):
             bad = compare(o, r, a, factor, f"{path}[{i}]")
             if bad:
                 return bad

@@ -140,7 +140,10 @@ class _Worker:
                 self.proc = subprocess.Popen(
                     [sys.executable, "-m", "mkb_eval.harness.worker", "-"], cwd=root / "work", env=env,
                     stdin=subprocess.PIPE, stdout=so, stderr=se, start_new_session=True,
-                    pass_fds=(self.gate_r,) + ((ready_w,) if preload else ()), preexec_fn=self.sandbox.preexec)
+                    pass_fds=(self.gate_r,) + ((ready_w,) if preload else ()),
+                    # the sandbox is entered in the child between fork and exec (cgroups, network, rlimits, user):
+                    # only this exec'd path does so; the fork server (the default) enters it from Sandbox.spec
+                    preexec_fn=self.sandbox.preexec)  # noqa: PLW1509 - deliberate: see the comment above
         self.gate.close_child()
         if preload:
             os.close(ready_w)
@@ -163,10 +166,11 @@ class _Worker:
     def lost_by_server(self, timeout: float) -> bool:
         """A forked worker whose server ended or refused (CUDA initialised) before forking it, waiting up
         to ``timeout`` s for the server to decide: its evaluation needs another worker, not a crash."""
-        if not self.forked or self.proc.wait_forked(timeout):
+        server = self.server                   # (self.forked, spelled out for mypy)
+        if server is None or self.proc.wait_forked(timeout):
             return False
-        if self.server.error is None:          # hung: its later workers are exec'd too
-            self.server.error = f"fork server: no worker forked within {timeout:.0f} s"
+        if server.error is None:               # hung: its later workers are exec'd too
+            server.error = f"fork server: no worker forked within {timeout:.0f} s"
         return True
 
     def wait_preloaded(self, timeout: float) -> bool:
@@ -277,8 +281,8 @@ class _Worker:
 
     def facts(self) -> dict[str, str]:
         setup = [m for m in self.messages() if m.get("stage") == "setup"][:1]   # sent before the candidate existed
-        net = [m.get("network") for m in setup]
-        return {**self.sandbox.facts, "network": net[-1] if net else "unknown (worker never started)",
+        return {**self.sandbox.facts,
+                "network": str(setup[0].get("network", "unknown")) if setup else "unknown (worker never started)",
                 "outside_write": str(setup[0].get("outside_write", "unknown")) if setup else "unknown",
                 "worker": ("warm (forked from a server with the toolchains imported)" if self.forked else
                            "warm (started ahead, toolchains preloaded)" if self.preloaded else "cold"),
@@ -288,7 +292,8 @@ class _Worker:
         if self.killed_for:
             return f"killed by the sandbox: {self.killed_for}"
         if self.sandbox.memory_events():
-            return f"killed at the host memory cap ({self.limits.sandbox.memory_bytes / 2**30:.1f} GiB)"
+            cap = self.limits.sandbox.memory_bytes
+            return "killed at the host memory cap" + (f" ({cap / 2**30:.1f} GiB)" if cap is not None else "")
         rc = self.proc.returncode
         if rc is None:
             return "still running"
@@ -439,7 +444,7 @@ def _stage_times(w: _Worker) -> dict[str, float]:
     msgs = w.messages()
     prog = [m for m in msgs if m.get("kind") == "progress" and "t" in m]
     out: dict[str, float] = {}
-    for a, b in zip(prog, prog[1:]):
+    for a, b in zip(prog, prog[1:], strict=False):     # consecutive pairs: the second is one shorter
         key = "w_" + a["stage"]
         out[key] = round(out.get(key, 0.0) + b["t"] - a["t"], 3)
     cpu = [m["cpu"] for m in msgs if isinstance(m.get("cpu"), (int, float))]
@@ -608,13 +613,16 @@ def _timed_phase(rec: VerificationRecord, prob: P.Problem, judge: Any, job: dict
         _fail_from_worker(rec, w, how, limits.timing_s)
         return None
     l2 = int(getattr(torch.cuda.get_device_properties(gpu), "L2_cache_size", 0) or 0)
-    calls = attest.window_calls(*judge.io_bytes, l2) if judge.io_bytes else attest.WINDOW_CALLS
+    io = judge.io_bytes                   # (input, reference output) bytes of a draw, once a draw was judged
+    calls = attest.window_calls(io[0], io[1], l2) if io is not None else attest.WINDOW_CALLS
     ref = timed.Reference(prob, size, judge, lane.timer, job["timing_cpu"])
 
     def eager(measure: Callable[[], float]) -> float:
         if not reuse_eager:
             return measure()
         ms, cached, _ = baseline_cached(prob, size, rec.env, cache_dir, measure, kind="eager")
+        if ms is None:                    # a cached entry without a time (eager failures are not cached): time it here
+            return measure()
         if cached:
             rec.flags.append("eager_baseline_from_cache")
         return ms
@@ -749,8 +757,10 @@ def _phase1(w: _Worker, held: _Held, budget: float, rec: VerificationRecord) -> 
         if left <= 0:
             msg, how = None, "timeout"
             break
-        msg, how = w.wait_for(("phase1", "final", "lane"), left, unless=lambda m: m.get("kind") == "lane" and (
-            not isinstance(m.get("n"), int) or m["n"] <= seen))
+        def handled(m: dict[str, Any], seen: int = seen) -> bool:       # a lane request already answered
+            return m.get("kind") == "lane" and (not isinstance(m.get("n"), int) or m["n"] <= seen)
+
+        msg, how = w.wait_for(("phase1", "final", "lane"), left, unless=handled)
         if not msg or msg["kind"] != "lane":
             break
         seen = msg["n"]

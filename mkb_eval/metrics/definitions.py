@@ -23,7 +23,8 @@ LEGEND: dict[str, str] = {
     "skill_coverage": "Share of resolved units whose skill was not skipped.",
     "tier": "Highest t in (0, 0.5, 1, 2, 4) an attempt attains; 'fail' if it did not pass. "
     "Order: fail < 0 < 0.5 < 1 < 2 < 4.",
-    "paired outcome": "(verdict='original', as in the paper) Skill vs base per resolved unit: helped if the skill's tier is higher, harmed if lower. "
+    "paired outcome": "(verdict='original', as in the paper) Skill vs base per resolved unit: "
+    "helped if the skill's tier is higher, harmed if lower. "
     f"Same tier, both passed: helped if t_skill x (1 + m) < t_base, harmed if t_base x (1 + m) < t_skill "
     f"(kernel times; speedups when a time is missing), else neutral; m = {NOISE_MARGIN:g} by default. "
     "Both failed, or skill skipped: neutral.",

@@ -184,7 +184,7 @@ def record_version(d: Mapping[str, Any], where: str) -> int:
     return v
 
 
-def outcome_from_dict(d: Mapping[str, Any], where: str = "record") -> AttemptOutcome:
+def outcome_from_dict(d: Mapping[str, Any], where: str = "record") -> AttemptOutcome:  # noqa: C901 - one check per field
     """Parse one attempt record (any version up to SCHEMA_VERSION) into an AttemptOutcome.
 
     Fields missing from an older record take defaults: problem, replicate and arm from ``trial``,

@@ -28,7 +28,7 @@ def share(count: int, n: int) -> float | None:
 def ladder(outcomes: Sequence[AttemptOutcome]) -> Ladder:
     """R@t for every threshold and S = 100 * mean of the five R@t (None when empty)."""
     n = len(outcomes)
-    out: Ladder = {key: share(sum(o.attains(t) for o in outcomes), n) for key, t in zip(RATE_KEYS, THRESHOLDS)}
+    out: Ladder = {key: share(sum(o.attains(t) for o in outcomes), n) for key, t in zip(RATE_KEYS, THRESHOLDS, strict=True)}
     rates = [out[k] for k in RATE_KEYS]
     out["S"] = None if n == 0 else 100.0 * math.fsum(r for r in rates if r is not None) / len(THRESHOLDS)
     return out

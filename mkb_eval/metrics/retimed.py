@@ -149,7 +149,7 @@ def read_retimes(source: str | Path | Iterable[Mapping[str, Any]], timer: str = 
         if not path.is_file():
             return {}
         entries: list[Any] = []
-        for lineno, line in enumerate(path.read_text(errors="replace").splitlines(), start=1):
+        for line in path.read_text(errors="replace").splitlines():
             if not line.strip():
                 continue
             try:

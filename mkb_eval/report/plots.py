@@ -83,10 +83,10 @@ def lift_by_problem(problems: Sequence[Mapping[str, Any]], n_resolved: int | Non
             xs = [0.0 if v is None else conv(v) for v in vals]
             ax.barh(pos, xs, width, color=DIR_COLORS[d], hatch=DIR_HATCH[d], edgecolor="white", linewidth=0.4,
                     label=d)
-            zero = [(y) for y, v, x in zip(pos, vals, xs) if v is not None and abs(x) < 1e-12]
+            zero = [(y) for y, v, x in zip(pos, vals, xs, strict=True) if v is not None and abs(x) < 1e-12]
             if zero:
                 ax.plot([0.0] * len(zero), zero, "o", color=DIR_COLORS[d], markersize=3.5, linestyle="none")
-            na = [y for y, v in zip(pos, vals) if v is None]
+            na = [y for y, v in zip(pos, vals, strict=True) if v is None]
             if na:
                 ax.plot([0.0] * len(na), na, "x", color=NA_COLOR, markersize=4.5, linestyle="none",
                         label="_nolegend_" if na_drawn else "n/a (no resolved unit)")
@@ -119,7 +119,7 @@ def standing(groups: Mapping[str, Mapping[str, Any]]) -> bytes:
     names = list(groups)
     fig = Figure(figsize=(4.2 * len(names), 3.4), layout="constrained")
     axes = fig.subplots(1, len(names), squeeze=False)[0]
-    for ax, name in zip(axes, names):
+    for ax, name in zip(axes, names, strict=True):
         table = groups[name]
         order = ["below", "same", "above"]
         if all(table[st]["n"] == 0 for st in order):
@@ -151,7 +151,7 @@ def standing(groups: Mapping[str, Mapping[str, Any]]) -> bytes:
     handles, labels = [], []
     for ax in axes:
         h, lab = ax.get_legend_handles_labels()
-        for hh, ll in zip(h, lab):
+        for hh, ll in zip(h, lab, strict=True):
             if ll not in labels:
                 handles.append(hh)
                 labels.append(ll)
@@ -175,7 +175,7 @@ def ladders(results: Mapping[str, Any]) -> bytes:
                         (f"skill {skill}", skill, g["skill"])]))
     panels.append(("all attempts per arm", [(f"{a} (n={results['arms'][a]['n_attempts']})", a, results["arms"][a])
                                            for a in ARMS]))
-    for ax, (title, series) in zip(axes, panels):
+    for ax, (title, series) in zip(axes, panels, strict=True):
         drawn = False
         for i, (label, arm, lad) in enumerate(series):
             color, style, marker = ARM_STYLE[arm]

@@ -73,7 +73,7 @@ def _skills_export(args: argparse.Namespace) -> int:
     res = export(skills, problems, args.format, out, include_flagged=args.include_flagged, evidence=evidence,
                  task_prompt=task_prompt, gpu=args.gpu, tasks=tasks)
     left = ", ".join(f"{n} {why}" for why, n in sorted(res.left_out.items())) or "none"
-    kinds = {}
+    kinds: dict[str, int] = {}
     for r in res.records:
         kinds[r.get("task", "pair")] = kinds.get(r.get("task", "pair"), 0) + 1
     print(f"wrote {len(res.records)} {args.format} records to {out} ("

@@ -30,14 +30,14 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         if self.path == "/version":                    # vLLM's, beside /v1
             return self._send(200, {"version": "0.32.0"})
         if self.headers.get("Authorization") != "Bearer k":
             return self._send(401, {"error": "unauthorized"})
         self._send(200, {"data": [{"id": "tiny", "max_model_len": 4096}]})
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         _Handler.seen.append(body)
         if body["messages"][-1]["content"] == "crash me":

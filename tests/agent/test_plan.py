@@ -67,7 +67,7 @@ def test_skill_stale_when_source_skill_changed_or_source_reruns() -> None:
     assert p["p28_r1_cutedsl2tirx_skill"].status == "stale" and "is to be run" in p["p28_r1_cutedsl2tirx_skill"].reason
 
 
-def _fake_verify(problem, dsl, kernel, tier="cpu", **kw):  # noqa: ANN001, ANN003
+def _fake_verify(problem, dsl, kernel, tier="cpu", **kw):
     """Stands in for the verifier where a test is about planning, not verification."""
     return VerificationRecord(status="unverified", problem_id=problem.id, problem=problem.name,
                               problem_hash=problem.hash, dsl=dsl, kernel_sha256="0", tier=tier, size="smoke",
@@ -77,7 +77,7 @@ def _fake_verify(problem, dsl, kernel, tier="cpu", **kw):  # noqa: ANN001, ANN00
 def test_changed_problem_and_source_skill_make_a_finished_run_stale(tmp_path: Path, problems_root: Path) -> None:
     turns = {"n": 0}
 
-    def script(messages, turn):  # noqa: ANN001
+    def script(messages, turn):
         turns["n"] += 1
         return answer("def solve(*xs):\n    return xs[0]\n", skill=f"- finding {turns['n']}")
 

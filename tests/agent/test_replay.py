@@ -13,7 +13,7 @@ from mkb_eval import problems as P
 from mkb_eval.agent import replay
 from mkb_eval.agent.backends import BackendError, Sampling, parse_model_spec
 from mkb_eval.agent.launch import RunOptions, run_trials
-from mkb_eval.agent.loop import Budget, _turn_seed
+from mkb_eval.agent.loop import _turn_seed
 from mkb_eval.agent.parse import Answer, parse_answer
 from mkb_eval.agent.prompts import render_skill_task, render_task
 from mkb_eval.agent.retiming import RETIME_FILE, done_keys
@@ -32,7 +32,10 @@ def _conv(pid: int, dsl: str, skill: bool = False, answers: int = 0) -> list[dic
     return conv
 
 
-def _parsed(backend: replay.ReplayBackend, conv: list[dict[str, str]], sampling: Sampling = Sampling()) -> Any:
+_SAMPLING = Sampling()
+
+
+def _parsed(backend: replay.ReplayBackend, conv: list[dict[str, str]], sampling: Sampling = _SAMPLING) -> Any:
     return parse_answer(backend.generate([conv], [sampling])[0].text)
 
 
@@ -88,7 +91,7 @@ def test_bad_sources_say_what_is_wrong(tmp_path: Path) -> None:
 
 
 def _fake_verify(calls: list[dict[str, Any]]) -> Any:
-    def verify(problem, dsl, kernel, tier="cpu", gpu=0, lane=None, **kw):  # noqa: ANN001, ANN003
+    def verify(problem, dsl, kernel, tier="cpu", gpu=0, lane=None, **kw):
         calls.append({"problem": problem.id, "dsl": dsl, "tier": tier, **kw})
         status = "ok" if tier == "gpu" else "unverified"
         rec = VerificationRecord(status=status, problem_id=problem.id, problem=problem.name, problem_hash=problem.hash,

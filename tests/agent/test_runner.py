@@ -66,13 +66,13 @@ def test_cell_runs_and_transfers_the_source_skill(tmp_path: Path, solution_backe
 
 
 def test_blank_skill_is_recorded_as_skipped(tmp_path: Path) -> None:
-    def script(messages, turn):  # noqa: ANN001
+    def script(messages, turn):
         return answer("def solve(*xs):\n    return xs[0]\n", skill="   ")
 
     run = tmp_path / "run"
     calls: list[str] = []
 
-    def fake_verify(problem, dsl, kernel, tier="cpu", **kw):  # noqa: ANN001, ANN003
+    def fake_verify(problem, dsl, kernel, tier="cpu", **kw):
         calls.append(dsl)
         from mkb_eval.records import VerificationRecord
 
@@ -96,7 +96,7 @@ def test_blank_skill_is_recorded_as_skipped(tmp_path: Path) -> None:
 class FlakyBackend(ScriptedBackend):
     """Fails every generation of the solo CuTe DSL trial (an engine error), answers the others."""
 
-    def generate(self, conversations, sampling):  # noqa: ANN001
+    def generate(self, conversations, sampling):
         if any("_cutedsl`" in c[0]["content"] for c in conversations):
             raise BackendError("the engine died")
         return super().generate(conversations, sampling)
@@ -126,7 +126,7 @@ def test_gpu_tier_pool_spreads_over_gpus_with_one_lane_each(tmp_path: Path) -> N
 
     seen: list[tuple[str, int, int]] = []
 
-    def fake_verify(problem, dsl, kernel, tier="cpu", gpu=0, lane=None, **kw):  # noqa: ANN001, ANN003
+    def fake_verify(problem, dsl, kernel, tier="cpu", gpu=0, lane=None, **kw):
         assert isinstance(lane, GpuLane) and lane.index == gpu
         seen.append((tier, gpu, id(lane)))
         return VerificationRecord(status="ok", problem_id=problem.id, problem=problem.name, problem_hash=problem.hash,
@@ -161,13 +161,13 @@ class OneFailedRequestBackend(ScriptedBackend):
     """Answers every conversation of a batch, except that the solo CuTe DSL trial's request failed (as the
     OpenAI backend reports a failed request: a Generation with ``error``)."""
 
-    def generate(self, conversations, sampling):  # noqa: ANN001
+    def generate(self, conversations, sampling):
         from mkb_eval.agent.backends import Generation
 
         gens = super().generate(conversations, sampling)
         return [Generation(text="", prompt_tokens=0, completion_tokens=0, finish_reason="error",
                            error="http://127.0.0.1:1/v1/chat/completions answered HTTP 500: engine dead")
-                if "_cutedsl`" in c[0]["content"] else g for c, g in zip(conversations, gens)]
+                if "_cutedsl`" in c[0]["content"] else g for c, g in zip(conversations, gens, strict=True)]
 
 
 def test_one_failed_request_is_that_trials_error_and_the_run_goes_on(tmp_path: Path) -> None:

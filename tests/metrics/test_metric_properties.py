@@ -83,7 +83,7 @@ def test_invariants(units: list[Unit]) -> None:
     assert sum(v["n"] for v in o["standing"].values()) == p["n"]
     for side in ("source", "base", "skill"):
         rates = [o[side][k] for k in RATE_KEYS]
-        assert all(x >= y for x, y in zip(rates, rates[1:]))  # R@t cannot grow with t
+        assert all(x >= y for x, y in zip(rates, rates[1:], strict=False))  # R@t cannot grow with t
         assert 0.0 <= o[side]["S"] <= 100.0
     assert o["lift"]["S"] == o["skill"]["S"] - o["base"]["S"]
     for lo, hi in o["ci"].values():

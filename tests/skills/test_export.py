@@ -51,7 +51,7 @@ def test_the_maintainers_skills_export_with_their_verified_solutions(tmp_path: P
     ds = _load(out)
     assert len(ds) == 74 and _null_typed(ds.features) == []
     assert {"prompt", "completion"} <= set(ds.column_names) and "messages" not in ds.column_names
-    for r, s in zip(ds, skills):
+    for r, s in zip(ds, skills, strict=True):
         p = probs[s.problem_id]
         assert r["task"] == "apply_skill" and r["target_dsl"] == s.target_dsl
         assert r["prompt"] == task_prompt(p, s.target_dsl, transferred_body(s))

@@ -132,7 +132,7 @@ def _verify(
         ) from e
     outcomes: list[AttemptOutcome] = []
     verdicts: list[dict[str, Any]] = []
-    for i, (pid, d, src) in enumerate(zip(problem_id, dsl, kernel_source)):
+    for i, (pid, d, src) in enumerate(zip(problem_id, dsl, kernel_source, strict=True)):
         if d not in ("cutedsl", "tirx"):
             raise ValueError(f"dsl[{i}]: expected 'cutedsl' or 'tirx', got {d!r}")
         verdict = dict(verify_source(int(pid), d, src))
@@ -146,7 +146,7 @@ def _verify(
 
 
 @evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
-class MkbAttempts(evaluate.Metric):  # type: ignore[misc]
+class MkbAttempts(evaluate.Metric):
     """Pass rate, R@t ladder, S, fast_p and geomean speedup of kernel attempts."""
 
     def _info(self) -> evaluate.MetricInfo:
@@ -174,4 +174,4 @@ class MkbAttempts(evaluate.Metric):  # type: ignore[misc]
             outcomes, verdicts = _verify(problem_id, dsl, kernel_source)
             return {**score_attempts(outcomes), "verdicts": verdicts}
         assert status is not None and speedup is not None
-        return dict(score_attempts([_outcome(i, s, x) for i, (s, x) in enumerate(zip(status, speedup))]))
+        return dict(score_attempts([_outcome(i, s, x) for i, (s, x) in enumerate(zip(status, speedup, strict=True))]))

@@ -95,7 +95,7 @@ def _units(
 ) -> list[Unit]:
     """Units from the row-wise inputs, with errors that name the row."""
     units: list[Unit] = []
-    rows = zip(predictions1, predictions2, source, problem_id, direction, family)
+    rows = zip(predictions1, predictions2, source, problem_id, direction, family, strict=True)
     for i, (base, skill, src, pid, d, fam) in enumerate(rows):
         if d not in DIRECTIONS:
             raise ValueError(f"direction[{i}]: expected one of {', '.join(DIRECTIONS)}, got {d!r}")
@@ -113,7 +113,7 @@ def _units(
 
 
 @evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
-class MkbTransfer(evaluate.Comparison):  # type: ignore[misc]
+class MkbTransfer(evaluate.Comparison):
     """Skill vs base: lift, help/harm rates, ΔGM, relative standing, sign test, bootstrap intervals."""
 
     def _info(self) -> evaluate.ComparisonInfo:
