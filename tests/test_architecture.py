@@ -20,7 +20,7 @@ PACKAGES = ("mkb_eval", "dataset_builder")
 # (the layout of the design: each entry imports only entries listed below it). A new subpackage
 # or top-level module must be given a layer here.
 LAYERS: list[tuple[str, ...]] = [
-    ("mkb_eval", "mkb_eval.cli", "dataset_builder"),        # the package's public API, the CLI, the builder
+    ("mkb_eval", "mkb_eval.cli", "mkb_eval.skills.cli", "dataset_builder"),   # the public API, the CLIs, the builder
     ("mkb_eval.agent",),
     ("mkb_eval.sweep",),
     ("mkb_eval.report",),
@@ -28,7 +28,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("mkb_eval.metrics",),
     ("mkb_eval.harness",),
     ("mkb_eval.dsl", "mkb_eval.prompts"),
-    ("mkb_eval.dataset",),
+    ("mkb_eval.dataset", "mkb_eval.verification_set"),
     ("mkb_eval.problems",),
     ("mkb_eval.env", "mkb_eval.records", "mkb_eval.vocab", "mkb_eval.frontmatter", "mkb_eval._version"),
 ]

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from mkb_eval.agent import prompts
-from mkb_eval.agent.backends import Generation, Message, Sampling
+from mkb_eval.agent.generation import Generation, Message, Sampling
 from mkb_eval.agent.parse import Answer, parse_answer
 from mkb_eval.agent.store import TrialArtifacts
 

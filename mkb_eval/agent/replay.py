@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from mkb_eval import problems as P
-from mkb_eval.agent.backends import BackendError, Generation, Message, Sampling
+from mkb_eval.agent.generation import BackendError, Generation, Message, Sampling
 
 PREFIX = "replay:"
 MAX_REPLICATES = 256

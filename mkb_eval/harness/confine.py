@@ -1,18 +1,19 @@
 """File-system confinement of the worker with Landlock (Linux 5.13+), through raw syscalls (ctypes).
 
-Whoever runs the verifier (root, whose worker becomes ``nobody``, or an ordinary user, whose worker
-keeps that user's rights), the worker may write only in its evaluation folder (and the GPU and a few
-harmless devices), and read only what a worker needs: the system's programs and libraries
-(``/usr``, ``/lib*``, ``/bin``, ``/sbin``, ``/opt``), ``/etc`` less its secrets (shadow, sudoers, ssh, ssl,
-...), ``/sys``, ``/proc`` less other processes' folders (so not the parent's environment), the Python installation and its packages, the harness's code and the
-problem folders, and its own folder. Not the user's home, the results store, the caches, other
-evaluations' folders, the fork server's folder or ``/tmp``. Landlock also keeps the worker from
-ptrace-ing (or reading the memory of) processes outside its domain, and from ABI 6 on, from signalling
-them or reaching their abstract UNIX sockets.
+Whoever runs the verifier (root, whose worker becomes ``nobody``, or an ordinary user, whose worker keeps that
+user's rights), the worker may write only in its evaluation folder (and the GPU and a few harmless devices),
+and read only what a worker needs: the system's programs and libraries (``/usr``, ``/lib*``, ``/bin``,
+``/sbin``, ``/opt``), ``/etc`` less its secrets (shadow, sudoers, ssh, ssl, ...), ``/sys``, ``/proc`` less
+other processes' folders (so not the parent's environment), the Python installation and its packages, the
+harness's code and the problem folders, and its own folder. Not the user's home, the results store, the
+caches, other evaluations' folders, the fork server's folder or ``/tmp``. Landlock also keeps the worker from
+ptrace-ing (or reading the memory of) processes outside its domain, and from ABI 6 on, from signalling them or
+reaching their abstract UNIX sockets.
 
-The parent makes the rules (``plan``, plain data, so a fork server can receive them); the freshly forked
-child applies them (``apply``) before it drops to the worker's user. Where Landlock is missing the plan
-says why, the worker runs unconfined, and the record says so (``outside_write`` in its sandbox facts).
+The parent makes the rules (``plan``, plain data, so a fork server can receive them); the freshly forked child
+applies them (``apply``) before it drops to the worker's user. Where Landlock is missing the plan says why,
+the worker runs unconfined, and the record says so (``outside_write`` in its sandbox facts).
+On a host with a GPU the plan is kept only where a confined child can initialise CUDA (``cuda_blocked``);
 ``MKB_WORKER_CONFINE=0`` turns confinement off (recorded too), for diagnosis.
 """
 
@@ -47,7 +48,7 @@ _LIBC: Any = None
 
 def libc() -> Any:
     """libc with errno, loaded once (before forking: a forked child should not load libraries)."""
-    global _LIBC
+    global _LIBC  # noqa: PLW0603 - one handle per process, loaded before forking
     if _LIBC is None:
         _LIBC = ctypes.CDLL(None, use_errno=True)
         _LIBC.syscall.restype = ctypes.c_long
@@ -84,16 +85,8 @@ def _handled(version: int) -> int:
     return READ | WRITE_FILE | _MAKE_ALL | (REFER if version >= 2 else 0) | (TRUNCATE if version >= 3 else 0)
 
 
-def plan(folder: Path, code: Path, extra_read: list[str] | None = None) -> tuple[dict[str, Any] | None, str]:
-    """The rules for a worker of evaluation ``folder`` whose harness code and problems are under ``code``
-    (data for ``apply``), and the fact for the record; (None, why) where Landlock cannot be used."""
-    if os.environ.get("MKB_WORKER_CONFINE", "1") == "0":
-        return None, "off (MKB_WORKER_CONFINE=0): the worker has its user's rights on files"
-    version, why = abi()
-    if not version:
-        return None, f"unavailable: {why}; the worker has its user's rights on files"
-    handled = _handled(version)
-    rules: list[tuple[str, int]] = [(str(folder), handled)]
+def _read_paths(code: Path, extra_read: list[str] | None) -> list[str]:
+    """What a worker reads beside the system: the Python installation, the import path, the harness and problems."""
     read = list(_SYSTEM_READ)
     for p in {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable))}:
         read.append(p)
@@ -103,12 +96,14 @@ def plan(folder: Path, code: Path, extra_read: list[str] | None = None) -> tuple
         # the import path (site-packages, .pth and PYTHONPATH entries), not the folder the parent runs in
         if entry and os.path.isdir(entry) and Path(entry).resolve() not in skip:
             read.append(entry)
-    rules += [(p, READ) for p in read]
-    rules += [(str(code), READ_DIR), (str(code / "mkb_eval"), READ), (str(code / "problems"), READ)]
+    return read
+
+
+def _etc_proc_dev_rules() -> list[tuple[str, int]]:
+    """``/etc`` less its secrets, ``/proc`` less other processes' folders, the harmless devices and the GPU's."""
+    rules: list[tuple[str, int]] = []
     try:
-        for e in os.scandir("/etc"):
-            if not e.name.startswith(_ETC_SECRET):
-                rules.append((e.path, READ))
+        rules += [(e.path, READ) for e in os.scandir("/etc") if not e.name.startswith(_ETC_SECRET)]
     except OSError:
         pass
     # /proc: the system-wide entries and the worker's own process (``/proc/self`` is opened by the child,
@@ -121,12 +116,28 @@ def plan(folder: Path, code: Path, extra_read: list[str] | None = None) -> tuple
         pass
     rules.append(("/dev", READ_DIR))
     rules += [(d, READ_FILE | WRITE_FILE) for d in _DEVICES]
-    try:
-        for e in os.scandir("/dev"):
-            if e.name.startswith("nvidia"):        # the GPU: nvidiactl, nvidia0.., nvidia-uvm, nvidia-caps/
-                rules.append((e.path, READ_FILE | WRITE_FILE | (READ_DIR if e.is_dir() else 0)))
+    try:        # the GPU: nvidiactl, nvidia0.., nvidia-uvm, nvidia-caps/
+        rules += [(e.path, READ_FILE | WRITE_FILE | (READ_DIR if e.is_dir() else 0)) for e in os.scandir("/dev")
+                  if e.name.startswith("nvidia")]
     except OSError:
         pass
+    return rules
+
+
+def plan(folder: Path, code: Path, extra_read: list[str] | None = None) -> tuple[dict[str, Any] | None, str]:
+    """The rules for a worker of evaluation ``folder`` whose harness code and problems are under ``code``
+    (data for ``apply``), and the fact for the record; (None, why) where Landlock cannot be used."""
+    if os.environ.get("MKB_WORKER_CONFINE", "1") == "0":
+        return None, "off (MKB_WORKER_CONFINE=0): the worker has its user's rights on files"
+    version, why = abi()
+    if not version:
+        return None, f"unavailable: {why}; the worker has its user's rights on files"
+    handled = _handled(version)
+    rules: list[tuple[str, int]] = [(str(folder), handled)]
+    rules += [(p, READ) for p in _read_paths(code, extra_read)]
+    code = Path(code).resolve()
+    rules += [(str(code), READ_DIR), (str(code / "mkb_eval"), READ), (str(code / "problems"), READ)]
+    rules += _etc_proc_dev_rules()
     seen: set[tuple[str, int]] = set()
     uniq = []
     for p, acc in rules:
@@ -202,9 +213,8 @@ def apply(spec: dict[str, Any] | None) -> str:
             except OSError:
                 continue                        # gone since the plan: nothing to allow
             try:
-                if not os.path.isdir(path):
-                    access &= _FILE_ONLY
-                rule = _PathBeneath(access, pfd)
+                allowed = access if os.path.isdir(path) else access & _FILE_ONLY
+                rule = _PathBeneath(allowed, pfd)
                 if lib.syscall(_NR_ADD, ctypes.c_int(fd), ctypes.c_int(_RULE_PATH_BENEATH), ctypes.byref(rule),
                                ctypes.c_uint32(0)) < 0:
                     return f"landlock_add_rule({path}): {os.strerror(ctypes.get_errno())}"
