@@ -155,7 +155,10 @@ class LocalServer:
         try:                                  # children that outlived the leader (the engine core)
             os.killpg(self.proc.pid, signal.SIGKILL)
         except ProcessLookupError:
-            pass
+            return
+        deadline = time.monotonic() + 10.0    # a killed engine core holding GiBs takes a moment to go
+        while self.leftover() and time.monotonic() < deadline:
+            time.sleep(0.1)
 
     def __enter__(self) -> LocalServer:
         return self.start() if self.proc is None else self
