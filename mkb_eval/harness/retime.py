@@ -232,17 +232,8 @@ def _one_window(side: _Side, r: int, pos: int, warmup: int, draws: int, calls: i
     event_ms = _median(ev["times_ms"])
     dev = ev.get("device_ms")
     try:
-        stamps = [timed.run_window(w, calls, f"r{r}", limits.timing_s, rechecks=1)]
-        cals = [ref.window(stamps[0])]
-        att = [attest.attested_ms(stamps[0], cals[0])]
-        exc = [attest.precompute_excess_ms(stamps[0], cals[0])]
-        verdict = attest.decide(event_ms, att, exc, sol_ms, dev)
-        if verdict.status == "retime":
-            stamps.append(timed.run_window(w, calls, f"r{r}", limits.timing_s, rechecks=1))
-            cals.append(ref.window(stamps[1]))
-            att.append(attest.attested_ms(stamps[1], cals[1]))
-            exc.append(attest.precompute_excess_ms(stamps[1], cals[1]))
-            verdict = attest.decide(event_ms, att, exc, sol_ms, dev)
+        wins, verdict = timed.attest_kernel(w, ref, calls, (f"r{r}", f"r{r}"), limits.timing_s, event_ms, sol_ms, dev,
+                                            rechecks=1)
     except timed.WindowFailed as f:
         rec = _scratch(side)
         if f.status is None:
@@ -251,7 +242,7 @@ def _one_window(side: _Side, r: int, pos: int, warmup: int, draws: int, calls: i
             rec.status, rec.message = f.status, f.message
         side.failed, side.message = rec.status, V.redact_paths(rec.message, w.root)
         return failed(side.failed, side.message, event=event_ms, dev=dev)
-    side.windows.append(stamps[-1])
+    side.windows.append(wins.windows[-1])
     if verdict.status != "ok":
         return failed(verdict.status, verdict.message, att=verdict.attested_ms, event=event_ms, dev=dev)
     return RetimeWindow(side.label, r, pos, verdict.kernel_ms, verdict.attested_ms, event_ms, dev, "ok")

@@ -141,6 +141,48 @@ class TimedOutcome:
     calibrations: list[WindowCalibration] = field(default_factory=list)
 
 
+@dataclass
+class AttestedWindows:
+    """A kernel's attested windows (the first, then a re-time when asked), their calibrations and what
+    the verdict was decided on: the attested per-call times and the pre-window excesses."""
+
+    windows: list[WindowStamps] = field(default_factory=list)
+    calibrations: list[WindowCalibration] = field(default_factory=list)
+    attested: list[float] = field(default_factory=list)
+    excess: list[float] = field(default_factory=list)
+
+    def add(self, stamps: WindowStamps, cal: WindowCalibration) -> None:
+        self.windows.append(stamps)
+        self.calibrations.append(cal)
+        self.attested.append(attest.attested_ms(stamps, cal))
+        self.excess.append(attest.precompute_excess_ms(stamps, cal))
+
+
+def attest_kernel(w: Any, ref: Reference, calls: int, tags: tuple[str, str], timeout: float, event_ms: float,
+                  sol_ms: float | None, device_ms: float | None, *, rechecks: int = attest.WINDOW_RECHECKS,
+                  calibrate_first: Callable[[WindowStamps], WindowCalibration] | None = None,
+                  stages: dict[str, float] | None = None) -> tuple[AttestedWindows, TimingVerdict]:
+    """One attested window of worker ``w``, its trusted calibration and the verdict, and when the verdict
+    asks, one re-time (a second window, tagged ``tags[1]``) before it decides again. ``calibrate_first``
+    replaces ``ref.window`` for the first window (``verify`` times the eager reference there too);
+    ``stages`` gets the seconds of the first window and of the re-time."""
+    wins = AttestedWindows()
+    t0 = time.perf_counter()
+    first = run_window(w, calls, tags[0], timeout, rechecks)
+    if stages is not None:
+        stages["attested_window"] = round(time.perf_counter() - t0, 3)
+    wins.add(first, (calibrate_first or ref.window)(first))
+    verdict = attest.decide(event_ms, wins.attested, wins.excess, sol_ms, device_ms)
+    if verdict.status == "retime":
+        t0 = time.perf_counter()
+        second = run_window(w, calls, tags[1], timeout, rechecks)
+        wins.add(second, ref.window(second))
+        verdict = attest.decide(event_ms, wins.attested, wins.excess, sol_ms, device_ms)
+        if stages is not None:
+            stages["retime"] = round(time.perf_counter() - t0, 3)
+    return wins, verdict
+
+
 def attested_phase(w: Any, ref: Reference, events: dict[str, Any], calls: int, timeout: float,
                    eager: Callable[[Callable[[], float]], float], stages: dict[str, float],
                    sol_ms: float | None, n_warmup: int, n_timed: int, warmup: list[int],
@@ -150,39 +192,32 @@ def attested_phase(w: Any, ref: Reference, events: dict[str, Any], calls: int, t
     times = [float(x) for x in events["times_ms"]]
     event_ms = float(statistics.median(times))
     device_ms = events.get("device_ms")
-    t0 = time.perf_counter()
-    wins = [run_window(w, calls, "win0", timeout)]
-    stages["attested_window"] = round(time.perf_counter() - t0, 3)
-    t0 = time.perf_counter()
-    eager_event = eager(lambda: ref.event_ms(warmup, timing))
-    cals = [ref.window(wins[0])]
-    stages["eager_baseline"] = round(time.perf_counter() - t0, 3)
-    att = [attest.attested_ms(wins[0], cals[0])]
-    exc = [attest.precompute_excess_ms(wins[0], cals[0])]
-    verdict = attest.decide(event_ms, att, exc, sol_ms, device_ms)
-    if verdict.status == "retime":
+    eager_event: list[float] = []
+
+    def eager_and_its_window(first: WindowStamps) -> WindowCalibration:
         t0 = time.perf_counter()
-        wins.append(run_window(w, calls, "win1", timeout))
-        cals.append(ref.window(wins[1]))
-        att.append(attest.attested_ms(wins[1], cals[1]))
-        exc.append(attest.precompute_excess_ms(wins[1], cals[1]))
-        verdict = attest.decide(event_ms, att, exc, sol_ms, device_ms)
-        stages["retime"] = round(time.perf_counter() - t0, 3)
-    eager_att = cals[0].attested_ms               # measured here every time, cached event time or not
-    eager_ms = max(eager_event, eager_att)
+        eager_event.append(eager(lambda: ref.event_ms(warmup, timing)))
+        cal = ref.window(first)
+        stages["eager_baseline"] = round(time.perf_counter() - t0, 3)
+        return cal
+
+    wins, verdict = attest_kernel(w, ref, calls, ("win0", "win1"), timeout, event_ms, sol_ms, device_ms,
+                                  calibrate_first=eager_and_its_window, stages=stages)
+    eager_att = wins.calibrations[0].attested_ms      # measured here every time, cached event time or not
+    eager_ms = max(eager_event[0], eager_att)
     t = Timing(kernel_ms=verdict.kernel_ms, worker_event_ms=event_ms, attested_ms=verdict.attested_ms,
-               attested_windows_ms=[round(x, 5) for x in att], window_calls=calls,
-               prewindow_excess_ms=[round(e, 4) for e in exc],
+               attested_windows_ms=[round(x, 5) for x in wins.attested], window_calls=calls,
+               prewindow_excess_ms=[round(e, 4) for e in wins.excess],
                kernel_device_ms=device_ms, host_call_ms=events.get("host_call_ms"),
                cpu_probe_ms=events.get("cpu_probe_ms"),
                kernel_cv=float(statistics.pstdev(times) / statistics.mean(times)) if times else None,
-               eager_ms=eager_ms, eager_event_ms=eager_event, eager_attested_ms=eager_att,
+               eager_ms=eager_ms, eager_event_ms=eager_event[0], eager_attested_ms=eager_att,
                n_warmup=n_warmup, n_timed=n_timed, times_ms=[round(x, 5) for x in times])
     t.speedup = eager_ms / t.kernel_ms if t.kernel_ms else None
     if sol_ms:
         t.sol_ms = sol_ms
         t.sol_fraction = sol_ms / t.kernel_ms if t.kernel_ms else None
-    return TimedOutcome(t, verdict, wins, cals)
+    return TimedOutcome(t, verdict, wins.windows, wins.calibrations)
 
 
 def judge_windows(judge: Any, windows: list[WindowStamps], out: Path,
