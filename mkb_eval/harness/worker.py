@@ -430,6 +430,13 @@ def _event_draws(op: dict[str, Any], solve: Any, make: Any, clock: Any, device: 
     launch_counts: list[int] = []
     host_s: list[float] = []
     last: list[Any] = []
+    in_sizes: list[int] = []
+
+    def make_sized(seed: int) -> list[Any]:             # outside the timed region: one set's input bytes, once
+        inputs = make(seed)
+        if not in_sizes:
+            in_sizes.extend(t.numel() * t.element_size() for t in tools.walk(inputs))
+        return inputs
 
     def timed(*inputs: Any) -> Any:
         before = log.total()
@@ -448,7 +455,7 @@ def _event_draws(op: dict[str, Any], solve: Any, make: Any, clock: Any, device: 
     probe = [cpu_probe_ms()]
     t_time = time.perf_counter()
     try:
-        res = time_draws(timed, make, warmup, timing, clock, device, keep=keep,
+        res = time_draws(timed, make_sized, warmup, timing, clock, device, keep=keep,
                          on_draw=lambda phase, k: progress(phase, draw=k) if k % 10 == 0 else None)
     except BaseException as e:  # noqa: BLE001
         check_tamper("in timing")
@@ -468,7 +475,6 @@ def _event_draws(op: dict[str, Any], solve: Any, make: Any, clock: Any, device: 
         except BaseException:  # noqa: BLE001
             dev_ms = None
     check_tamper("before the report")
-    in_sizes = [t.numel() * t.element_size() for t in tools.walk(make(timing[-1]))]
     return ({"times_ms": res.times_ms, "device_ms": dev_ms, "launches_per_call": sorted(set(launch_counts)),
              "timing_s": timing_s, "host_call_ms": host_ms, "cpu_probe_ms": max(probe)},
             in_sizes + (last[0] if last else []))
