@@ -43,10 +43,8 @@ from mkb_eval.records import Timing, VerificationRecord
 CORRECTNESS_DRAWS = 5
 WARMUP_DRAWS = 10
 TIMING_DRAWS = 50
-RECHECKS = attest.WINDOW_RECHECKS   # outputs of the attested window re-checked, chosen after it
 REUSE_DRAWS = (2, 4)           # correctness draws that refill the previous draw's buffers
 OUTPUT_TAIL = 4000
-SOL_SLACK = 1 - attest.SOL_MARGIN   # faster than 90% of the speed-of-light time is implausible
 _SECRET_ENV = ("TOKEN", "SECRET", "PASSWORD", "API_KEY", "ACCESS_KEY", "CREDENTIAL")
 
 
