@@ -130,7 +130,7 @@ def prepare(problems: Sequence[P.Problem], run_dir: Path, lanes: Any, env: dict[
     whose torch.compile was not warmed within ``warm_s`` gets no compile time (an error entry), as in
     the report stage. ``measure`` may be injected (tests).
     """
-    from mkb_eval.harness.judge import baseline_cached, baseline_key, read_baseline_cache
+    from mkb_eval.harness.judge import baseline_cached, baseline_key, read_baseline_cache, store_baseline
     from mkb_eval.harness.verify import TIMING_DRAWS, WARMUP_DRAWS
 
     cache = baseline_dir(run_dir)
@@ -161,7 +161,7 @@ def prepare(problems: Sequence[P.Problem], run_dir: Path, lanes: Any, env: dict[
             compiled = kind == "compile"
             if compiled and str(p.path) not in warmed:
                 ms, err = None, f"torch.compile not warmed within {warm_s:.0f} s: not timed"
-                _store_error(cache, baseline_key(p.hash, size, env), kind, err)
+                store_baseline(cache, kind, baseline_key(p.hash, size, env), None, err)
             else:
                 try:
                     ms, _, err = baseline_cached(p, size, env, cache, functools.partial(measure, p, compiled, lane),
@@ -171,20 +171,9 @@ def prepare(problems: Sequence[P.Problem], run_dir: Path, lanes: Any, env: dict[
                     log(f"baselines: {p.name} {kind}: {err}; its evaluations time it in their lane instead")
                     if kind == "eager":
                         continue          # nothing stored: verify(reuse_eager=True) measures and stores it
-                    _store_error(cache, baseline_key(p.hash, size, env), kind, err)
+                    store_baseline(cache, kind, baseline_key(p.hash, size, env), None, err)
             out.append(Baseline(p.id, kind, ms, err, False))
     if hasattr(measure, "close"):
         measure.close()
     log(f"baselines: {len(todo)} problem(s) timed in {time.perf_counter() - t0:.1f} s with each GPU to itself")
     return out
-
-
-def _store_error(cache: Path, key: str, kind: str, err: str) -> None:
-    import json
-    import os
-
-    cache.mkdir(parents=True, exist_ok=True)
-    with open(cache / f"{kind}_baselines.jsonl", "a") as f:
-        f.write(json.dumps({"key": key, "ms": None, "error": err}) + "\n")
-        f.flush()
-        os.fsync(f.fileno())

@@ -189,9 +189,14 @@ def baseline_cached(problem: Problem, size: str, env: dict[str, Any], cache_dir:
         if kind != "compile" or isinstance(e, (ChildProcessError, TimeoutError)):
             raise                 # (the timer process failing is no fact about the reference)
         ms, err = None, f"{type(e).__name__}: {str(e)[:300]}"
+    store_baseline(cache_dir, kind, key, ms, err)
+    return ms, False, err
+
+
+def store_baseline(cache_dir: Path, kind: str, key: str, ms: float | None, err: str | None) -> None:
+    """Append one entry to ``<cache_dir>/<kind>_baselines.jsonl`` (a time, or the error that stands for it)."""
     cache_dir.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as f:
+    with open(cache_dir / f"{kind}_baselines.jsonl", "a") as f:
         f.write(json.dumps({"key": key, "ms": ms, "error": err}) + "\n")
         f.flush()
         os.fsync(f.fileno())
-    return ms, False, err
