@@ -9,7 +9,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 stage_dir="$HOME/mkb-gen"
-site=/tmp/mkb-gen-site
+site="${TMPDIR:-/tmp}/mkb-gen-site"
 case "${1:-}" in
   pack)
     set -e
