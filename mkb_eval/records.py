@@ -33,6 +33,8 @@ class Timing:
     attested_windows_ms: list[float] = field(default_factory=list)   # every attested window, in order
     window_calls: int = 0                   # calls per attested window
     prewindow_excess_ms: list[float] = field(default_factory=list)   # per window: time before it beyond the allowance
+    window_span_ms: list[float] = field(default_factory=list)        # per window: ready to done, the parent's clock
+    window_commit_ms: list[float] = field(default_factory=list)      # per window: trusted commitment cost per call
     kernel_device_ms: float | None = None   # GPU time on the call's stream, host path excluded
     host_call_ms: float | None = None       # median time until solve returned in the timed draws (host path)
     cpu_probe_ms: float | None = None       # fixed interpreter work on the timing core, before/after timing (slower one)

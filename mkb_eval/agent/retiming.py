@@ -34,6 +34,7 @@ RETIME_FILE = "retime.jsonl"
 RETIME_VERSION = 1
 RETIMABLE = ("ok", "unverified")
 DEFAULT_ROUNDS = 5
+GROUPS_PER_GPU = 3          # re-timings in flight per GPU (their timed rounds take turns)
 
 
 @dataclass(frozen=True)
@@ -170,7 +171,9 @@ class Retimer:
         self._inflight: dict[str, Future[None]] = {}
         self._lock = threading.Lock()
         n = len(lanes) if lanes is not None else 1
-        self._pool = ThreadPoolExecutor(max_workers=max(1, n), thread_name_prefix="mkb-retime")
+        # a group's workers start, compile and pass their sanity draw outside the lane's exclusive hold:
+        # a few groups per GPU in flight overlap that with another group's timed rounds
+        self._pool = ThreadPoolExecutor(max_workers=max(1, n) * GROUPS_PER_GPU, thread_name_prefix="mkb-retime")
         self.stored = 0
         self.skipped_done = 0
         self.failed: list[str] = []

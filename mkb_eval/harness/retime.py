@@ -149,7 +149,7 @@ def _retime_gpu(prob: P.Problem, kernels: dict[str, tuple[str, Path]], orders: l
         l2 = int(getattr(torch.cuda.get_device_properties(gpu), "L2_cache_size", 0) or 0)
         calls = attest.window_calls(*judge.io_bytes, l2) if judge.io_bytes else attest.WINDOW_CALLS
         cpu = next((j["timing_cpu"] for j in jobs.values()), None)
-        ref = timed.Reference(prob, "full", judge, lane.timer, cpu)
+        ref = timed.Reference(prob, "full", judge, lane.timer, cpu, reuse=True)
         with lane.exclusive():
             stages["timing_lane_wait"] = round(time.perf_counter() - t0, 3)
             t0 = time.perf_counter()

@@ -326,6 +326,7 @@ def test_the_attested_phase_records_what_the_parent_saw_and_rejects_a_forged_rep
         t = res.timing
         assert t.eager_event_ms == 0.5 and t.eager_ms == max(0.5, t.eager_attested_ms)
         assert t.window_calls == 4 and t.attested_ms >= 2.5 and len(t.prewindow_excess_ms) == len(res.windows)
+        assert len(t.window_span_ms) == len(t.window_commit_ms) == len(res.windows) and t.window_span_ms[0] > 0
         assert t.kernel_ms == max(t.worker_event_ms, t.attested_ms) and {"attested_window", "eager_baseline"} <= set(stages)
         if forge == 1.0:
             assert res.verdict.status == "ok" and len(res.windows) == 1
