@@ -6,15 +6,16 @@ send any number. After them comes one **attested window** per evaluation:
 
 1. The parent sends K fresh secret seeds and a digest key (``op: window``) on the gate socket and
    stamps the send (``sent_ns``). The worker makes the K input sets, synchronises, and sends ``R``.
-2. Right after ``R`` the worker runs the K calls back to back (``solve``, a one-pass row sum of every
-   output enqueued behind it, no sync between calls), then one device-wide sync, keeps the K outputs
-   alive, combines the row sums into a keyed digest per output (the commitment) and sends them
-   (``done``). The host path of each call overlaps the GPU work of the one before, so the window
-   measures throughput: a lower bound of the serial event-timed call that the candidate cannot lower.
-   A sync per call measured on the H200 put the row sums' host path (~40 us per call) and each
-   call's host path at the core's speed of that moment into the window (16-60% above the event
-   median); back to back, the window per call came within a few percent of the event median on
-   GPU-bound kernels (results/h200/2026-12-01_window).
+2. Right after ``R`` the worker runs the K calls back to back (no sync between them), one device-wide
+   sync, then a one-pass row sum of every output and their combination into a keyed digest per
+   output (the commitment), and sends the digests (``done``); it keeps the K outputs alive. The host
+   path of each call overlaps the GPU work of the one before, so the window measures throughput: a
+   lower bound of the serial event-timed call. A sync per call with the row sums behind each call
+   (the first version) put the sums' host path (~40 us per call) and each call's host path at the
+   core's speed of that moment into the window: 16-60% above the event median on the H200; back to
+   back, the calls came within a few percent of the event median on GPU-bound kernels
+   (results/h200/2026-12-01_window). The commitment still ends the window: work deferred past the
+   calls (a thread finishing outputs later) is inside it.
 3. Both worker messages are stamped by the kernel when the worker *sends* them (``SO_TIMESTAMPNS``
    on the parent's end of an ``AF_UNIX``/``SOCK_SEQPACKET`` pair), so the window is
    ``done - ready`` measured by a clock the worker cannot set, whatever the parent process is doing:
@@ -24,9 +25,9 @@ send any number. After them comes one **attested window** per evaluation:
 4. Only then does the parent choose which outputs to re-check (``op: save``); the judge checks them
    against the reference and against the committed digests ("changed after the timed window").
 
-The attested per-call time is ``A = (window - K x commit) / K``, where ``commit`` (the GPU time of the
-row sums plus their combination, per call) is measured by the trusted side on the reference's outputs
-of the same shapes (``calibrate_window``). The digest's kernels run once before any window on both
+The attested per-call time is ``A = (window - K x commit) / K``, where ``commit`` (the row sums and
+their combination after the calls, per call) is measured by the trusted side running the same steps
+on the reference's outputs of the same shapes (``calibrate_window``). The digest's kernels run once before any window on both
 sides (``warm_digest``): CUDA loads a kernel on its first launch, and a first window carried that
 (0.6-0.9 ms per call on problem 28, every evaluation then re-timed). Recorded
 ``kernel_ms = max(worker event median, A)``: nothing the worker reports can make it faster than what
@@ -128,21 +129,28 @@ def _weights(key: int, device: Any) -> Any:
 
 def combine(parts: Sequence[Sequence[tuple[Any, Any]]], key: int) -> list[list[list[int]]]:
     """Digests ``[[d0, d1], ...]`` per call and output tensor from their ``row_sums``: d0 the plain sum,
-    d1 weighted by the key's row weights (both exact in int64). One batch when all shapes agree."""
+    d1 weighted by the key's row weights (both exact in int64). One batch per shape and device, and one
+    read back per device (this runs inside the timed window)."""
     import torch
 
     flat = [p for call in parts for p in call]
-    out: list[list[int]] = []
-    if flat:
-        same = len({(b.numel(), tl.numel(), str(b.device)) for b, tl in flat}) == 1
-        groups = [flat] if same else [[p] for p in flat]
-        for g in groups:
-            body = torch.stack([b for b, _ in g]).to(torch.int64)
-            tail = torch.stack([tl for _, tl in g]).to(torch.int64).sum(1)
-            w = _weights(key, body.device)
-            d0 = body.sum(1) + tail
-            d1 = (body * w[:body.shape[1]]).sum(1) + tail * w[ROWS_MAX]
-            out += [[int(a), int(b)] for a, b in zip(d0.tolist(), d1.tolist(), strict=True)]
+    groups: dict[tuple[int, int, str], list[int]] = {}
+    for i, (b, tl) in enumerate(flat):
+        groups.setdefault((b.numel(), tl.numel(), str(b.device)), []).append(i)
+    per_device: dict[str, tuple[list[int], list[Any]]] = {}
+    for (_, _, dev), idx in groups.items():
+        body = torch.stack([flat[i][0] for i in idx]).to(torch.int64)
+        tail = torch.stack([flat[i][1] for i in idx]).to(torch.int64).sum(1)
+        w = _weights(key, body.device)
+        d0 = body.sum(1) + tail
+        d1 = (body * w[:body.shape[1]]).sum(1) + tail * w[ROWS_MAX]
+        order, vals = per_device.setdefault(dev, ([], []))
+        order += idx
+        vals.append(torch.stack([d0, d1], 1))
+    out: list[list[int]] = [[] for _ in flat]
+    for order, vals in per_device.values():
+        for i, pair in zip(order, torch.cat(vals).tolist(), strict=True):
+            out[i] = [int(pair[0]), int(pair[1])]
     res, i = [], 0
     for call in parts:
         res.append(out[i:i + len(call)])
@@ -338,13 +346,9 @@ def worker_window(fd: int, op: dict[str, Any], make: Callable[[int], list[Any]],
         _weights(key, _device_of(sets))              # the key's weights, before the clock runs
         sync()
         os.write(fd, READY)
-        outs, parts = [], []
-        for inputs in sets:
-            out = solve(*inputs)
-            parts.append([row_sums(t) for t in walk(out)])     # enqueued behind the call, no sync
-            outs.append(out)
+        outs = [solve(*inputs) for inputs in sets]          # back to back, no sync between calls
         sync()
-        digests = combine(parts, key)
+        digests = combine([[row_sums(t) for t in walk(out)] for out in outs], key)
         os.write(fd, json.dumps({"digests": digests}).encode())
     del sets
     return outs, digests
@@ -382,42 +386,11 @@ def warm_digest(device: Any) -> None:
         torch.cuda.synchronize(device)
 
 
-def sums_gpu_ms(outs: Sequence[Any], sync: Callable[[], None]) -> float:
-    """GPU time per output set of the row sums alone, queued behind a GPU sleep longer than their host
-    path (so the host path, which a window overlaps with the calls' GPU work, is not counted)."""
-    import torch
-
-    from mkb_eval.harness.tensors import walk
-
-    if not outs:
-        return 0.0
-    sync()
-    t = time.perf_counter()
-    [row_sums(x) for out in outs for x in walk(out)]
-    sync()
-    host_ms = 1e3 * (time.perf_counter() - t)
-    if not str(_device_of([list(outs)])).startswith("cuda"):     # the CPU tier's tests: no GPU to overlap with
-        return host_ms / len(outs)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    torch.cuda._sleep(1_000_000)
-    end.record()
-    sync()
-    cycles = int(1_000_000 / max(start.elapsed_time(end), 1e-3) * (0.2 + 2 * host_ms))
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda._sleep(cycles)
-    start.record()
-    [row_sums(x) for out in outs for x in walk(out)]
-    end.record()
-    sync()
-    return float(start.elapsed_time(end)) / len(outs)
-
-
 def calibrate_window(fn: Callable[..., Any], make: Callable[[int], list[Any]], seeds: Sequence[int], key: int,
                      sync: Callable[[], None]) -> WindowCalibration:
-    """The trusted side's window on the same seeds: make time (and its host part), the reference's own
-    attested per-call time (its calls back to back, as the worker runs them), and the commitment's cost
-    per call: the row sums' GPU time on the reference's outputs plus the digest combination."""
+    """The trusted side's window on the same seeds, run as the worker runs its own: make time (and its
+    host part), the reference's calls back to back, and the commitment after them (row sums and their
+    combination) per call: the median of the one in the window and two more on the same outputs."""
     from mkb_eval.harness.tensors import walk
     from mkb_eval.harness.timing import collector_paused
 
@@ -437,22 +410,20 @@ def calibrate_window(fn: Callable[..., Any], make: Callable[[int], list[Any]], s
         _weights(key, dev)
         sync()
         t3 = time.perf_counter()
-        outs, parts = [], []
-        for inputs in sets:
-            out = fn(*inputs)
-            parts.append([row_sums(t) for t in walk(out)])
-            outs.append(out)
+        outs = [fn(*inputs) for inputs in sets]
         sync()
-        combine(parts, key)
+        t_calls = time.perf_counter()
+        combine([[row_sums(t) for t in walk(out)] for out in outs], key)
         t4 = time.perf_counter()
+        commits = [t4 - t_calls]
         del sets
-        sums_ms = sums_gpu_ms(outs, sync)
-        s = time.perf_counter()
-        combine(parts, key)
-        comb = time.perf_counter() - s
-        del outs, parts
+        for _ in range(2):
+            s = time.perf_counter()
+            combine([[row_sums(t) for t in walk(out)] for out in outs], key)
+            commits.append(time.perf_counter() - s)
+        del outs
     k = len(seeds)
-    commit = sums_ms / 1e3 + comb / k
+    commit = sorted(commits)[1] / k
     window = t4 - t3
     return WindowCalibration(calls=k, make_ms=1e3 * (t2 - t0), make_host_ms=1e3 * (t1 - t0),
                              commit_ms=1e3 * commit, window_ms=1e3 * window,

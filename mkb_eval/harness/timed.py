@@ -132,8 +132,9 @@ class Reference:
         """The trusted calibration of a window like ``stamps`` (its seeds, its key). With ``reuse`` the
         first one serves every later window of as many calls: the make and commitment costs depend on
         the shapes, not on the seeds, and the reference is not timed again for nothing."""
-        if self.reuse and self._cal is not None and self._cal.calls == stamps.calls:
-            return self._cal
+        cal = self._cal
+        if self.reuse and cal is not None and cal.calls == stamps.calls and cal.commit_ms * cal.calls < stamps.window_ms:
+            return cal                # (a commitment as long as the whole window would be a bad calibration)
         if self.timer is not None:
             cal = self.timer.window(self.prob.path, self.size, stamps.seeds, stamps.key, self.cpu)
         else:

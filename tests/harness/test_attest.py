@@ -69,6 +69,9 @@ def test_the_digest_is_exact_keyed_and_sees_every_byte():
     assert attest.digest(torch.empty(0), key) == [[0, 0]]
     batch = attest.combine([[attest.row_sums(x)], [attest.row_sums(swapped)]], key)
     assert batch == [d, attest.digest(swapped, key)]
+    calls = [[x, odd], [swapped], [odd + 1, x, torch.empty(0)]]         # shapes mixed: one batch per shape
+    mixed = attest.combine([[attest.row_sums(t) for t in c] for c in calls], key)
+    assert mixed == [[attest.digest(t, key)[0] for t in c] for c in calls]
 
 
 def _cal(**kw):
@@ -227,7 +230,7 @@ def test_the_window_protocol_end_to_end_with_the_judge(tmp_path):
         assert st.window_ms >= 5 * 2.0                         # the parent's clock saw every call's sleep
         cal = judge.time_window(st.seeds, st.key)
         assert cal.calls == 5 and cal.make_ms > 0 and cal.commit_ms >= 0 and cal.attested_ms >= 0
-        assert attest.attested_ms(st, cal) >= 2.0 - cal.commit_ms
+        assert attest.attested_ms(st, cal) >= 1.9 and cal.commit_ms * 5 < 0.1 * st.window_ms   # the sums: a sliver
         assert timed.judge_windows(judge, [st], tmp_path) is None
         # an output that differs from what was committed at the window's end is incorrect
         i = st.saved[0]

@@ -27,7 +27,8 @@ needs_landlock = pytest.mark.skipif(not HAVE, reason=f"no Landlock here: {confin
 @pytest.fixture(autouse=True)
 def file_rules_only(monkeypatch, request):
     """These tests are about the file rules: no CUDA probe (on a GPU host the plan would first ask whether CUDA
-    initialises under them), except in the tests of that decision."""
+    initialises under them), except in the tests of that decision; and the user's MKB_WORKER_CONFINE=0 unset."""
+    monkeypatch.delenv("MKB_WORKER_CONFINE", raising=False)
     if "cuda" not in request.node.name:
         monkeypatch.setattr(confine, "gpu_device", lambda: False)
 

@@ -57,16 +57,18 @@ NO_GAIN = 0.95      # a timing cheat that is not rejected must be recorded no fa
 @pytest.mark.parametrize("problem,path,status", WRONG, ids=[f"{p.id:02d}-{path.stem}" for p, path, _ in WRONG])
 def test_known_bad_kernel_rejected(problem, path, status):
     """``expected.yaml`` names the status, or alternatives ``a|b``; ``ok:not_faster`` accepts a cheat that passed
-    only if its recorded time is no faster than the shipped CuTe solution's (its honest twin), timed right after."""
+    only if its recorded time is no faster than the shipped CuTe solution's (its honest twin), timed twice right
+    after: the faster of the two is the honest time (one evaluation's median of 28 varied 0.128-0.153 ms)."""
     rec = keep(verify(problem, "cutedsl", path, compile_baseline=False), test="wrong", expected=status,
                kernel=path.name)
     allowed = status.split("|")
     if rec.status == "ok" and "ok:not_faster" in allowed:
-        twin = keep(verify(problem, "cutedsl", problem.solution_path("cutedsl"), compile_baseline=False),
-                    test="honest_twin", kernel=path.name)
-        assert twin.status == "ok", twin.message[-1500:]
-        assert rec.timing.kernel_ms >= NO_GAIN * twin.timing.kernel_ms, \
-            f"{path.name}: recorded {rec.timing.kernel_ms:.4f} ms, faster than its honest twin's {twin.timing.kernel_ms:.4f} ms"
+        twins = [keep(verify(problem, "cutedsl", problem.solution_path("cutedsl"), compile_baseline=False),
+                      test="honest_twin", kernel=path.name) for _ in range(2)]
+        assert all(t.status == "ok" for t in twins), [t.message[-1500:] for t in twins]
+        best = min(t.timing.kernel_ms for t in twins)
+        assert rec.timing.kernel_ms >= NO_GAIN * best, \
+            f"{path.name}: recorded {rec.timing.kernel_ms:.4f} ms, faster than its honest twin's {best:.4f} ms"
         return
     assert rec.status in allowed, f"{path.name}: got {rec.status} ({rec.message[-1500:]})"
 
@@ -148,12 +150,15 @@ def test_reference_timer_matches_the_judge_in_process():
     try:
         for pid in (28, 21):
             p = P.find(pid)
-            t0 = time.perf_counter()
-            here = Judge(p, "full", "cuda:0").time_reference(warm, timed)[0].median_ms
-            t1 = time.perf_counter()
-            there, _ = timer.time(p.path, "full", warm, timed, cpu=sorted(os.sched_getaffinity(0))[-1])
-            t2 = time.perf_counter()
-            assert abs(there - here) / here < 0.15, (pid, here, there)
-            assert t2 - t1 < 3 * (t1 - t0) + 10, (pid, t1 - t0, t2 - t1)
+            judge = Judge(p, "full", "cuda:0")
+            here, there, took = [], [], []
+            for _ in range(2):           # interleaved, the faster of each: the host path's speed changes by 1.6x
+                t0 = time.perf_counter()
+                here.append(judge.time_reference(warm, timed)[0].median_ms)
+                t1 = time.perf_counter()
+                there.append(timer.time(p.path, "full", warm, timed, cpu=sorted(os.sched_getaffinity(0))[-1])[0])
+                took.append((t1 - t0, time.perf_counter() - t1))
+            assert abs(min(there) - min(here)) / min(here) < 0.15, (pid, here, there)
+            assert min(b for _, b in took) < 3 * max(a for a, _ in took) + 10, (pid, took)
     finally:
         timer.close()
