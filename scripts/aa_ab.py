@@ -208,7 +208,7 @@ def summarize(work: Path, out: Path, date: str, seeded: str | None = None) -> di
     s: dict[str, Any] = {"date": date, "gpu": describe().get("gpu"), "band": NEUTRAL_BAND, "timer": "kernel_ms",
                          "rounds": 5, **git_commit(), "compile_baselines_seeded_from": seeded}
     tables = []
-    for timer, suffix in (("kernel_ms", ""), ("device_ms", "_device")):
+    for timer, suffix in (("kernel_ms", ""), ("attested_ms", "_attested"), ("device_ms", "_device")):
         aa = scored(work / "aa", timer)
         o = aa["overall"]
         n = o["n_resolved"]
@@ -248,10 +248,10 @@ def summarize(work: Path, out: Path, date: str, seeded: str | None = None) -> di
              f"Paired verdict: 95% t interval of the re-timed speedup ratio outside ±{100 * NEUTRAL_BAND:g}%, "
              "5 interleaved rounds; A/A = `replay:solutions` on 24 problems (all six families), A/B = shipped kernels "
              "~10% slower on the skill side (replicate 1) or the base side (replicate 2), 12 problems.", "",
-             "| key | end-to-end (verdict) | device time |", "|---|---:|---:|"]
+             "| key | end-to-end (verdict) | parent-attested | device time |", "|---|---:|---:|---:|"]
     for k in ("units", "false_help", "false_harm", "gm_ratio_bias", "ratio_p95_abs_dev", "ab_slow_detected",
               "ab_fast_detected", "ab_slow_ratio_median", "ab_fast_ratio_median"):
-        lines.append(f"| {k} | {_fmt(s.get(k))} | {_fmt(s.get(k + '_device'))} |")
+        lines.append(f"| {k} | {_fmt(s.get(k))} | {_fmt(s.get(k + '_attested'))} | {_fmt(s.get(k + '_device'))} |")
     lines += ["", f"Throughput: {_fmt(s.get('evals_per_min'))} evaluations per minute in the A/A run "
               f"({s.get('aa_verifications')} in {s.get('aa_wall_s')} s, baselines and re-timing included; re-timing "
               f"{s.get('retime_s')} s of it) against {_fmt(s['sweep_evals_per_min'])} for a sweep ({s['sweep_source']}).",

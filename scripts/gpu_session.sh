@@ -14,11 +14,23 @@ export MKB_CACHE_DIR="${MKB_STATE}/cache"
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 PYTHONUNBUFFERED=1
 mkdir -p "$MKB_STATE" "$MKB_CACHE_DIR"
 # MKB_SEED_COMPILE=results/h200/<date>_compile_baselines.jsonl: sweeps take torch.compile times from an
-# earlier report (same GPU model and versions) when this host has none, e.g. to benchmark sweeps alone
-if [ -n "${MKB_SEED_COMPILE:-}" ] && [ ! -s "$MKB_CACHE_DIR/compile_baselines.jsonl" ]; then
-  cp "$MKB_SEED_COMPILE" "$MKB_CACHE_DIR/compile_baselines.jsonl"
+# earlier report (same GPU model and versions) for every key this host's cache lacks, e.g. to benchmark sweeps
+# alone (a cache that an earlier stage had started, with problem 28 only, used to block the whole seed)
+if [ -n "${MKB_SEED_COMPILE:-}" ]; then
+  python3 - "$MKB_SEED_COMPILE" "$MKB_CACHE_DIR/compile_baselines.jsonl" <<'EOF'
+import json, sys
+from pathlib import Path
+seed, cache = Path(sys.argv[1]), Path(sys.argv[2])
+have = {json.loads(x).get("key") for x in cache.read_text().splitlines() if x.strip()} if cache.exists() else set()
+new = [x for x in seed.read_text().splitlines() if x.strip() and json.loads(x).get("key") not in have]
+with cache.open("a") as f:
+    f.writelines(x + "\n" for x in new)
+print(f"compile baselines: {len(new)} seeded from {seed.name}, {len(have)} already here")
+EOF
 fi
-budget="${MKB_STAGE_S:-540}"          # seconds this stage may run (a call is capped at 600)
+budget="${MKB_STAGE_S:-540}"          # seconds this stage may run, preflight included (a call is capped at 600)
+started=$(date +%s)
+left() { local l=$(( budget - ($(date +%s) - started) )); echo $(( l > 30 ? l : 30 )); }
 stage="$1"; shift || true
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; python3 -c \
   "import torch,importlib.metadata as m;print('torch',torch.__version__,'cutlass-dsl',m.version('nvidia-cutlass-dsl'),'tvm',m.version('apache-tvm'))"; } \
@@ -55,7 +67,7 @@ case "$stage" in
     tail -5 "$OUT/report.log"; cp "$MKB_STATE"/problem_report.* "$MKB_CACHE_DIR"/{compile,eager}_baselines.jsonl "$OUT/" 2>/dev/null ;;
   sweep)
     preflight
-    timeout "$budget" python3 -m mkb_eval.cli verify --all --parallel "${PARALLEL:-8}" --warm --cached-compile-baseline --reuse-eager-baseline \
+    timeout "$(left)" python3 -m mkb_eval.cli verify --all --parallel "${PARALLEL:-8}" --warm --cached-compile-baseline --reuse-eager-baseline \
       --out "$MKB_STATE/sweep.jsonl" "$@" > "$OUT/sweep.log" 2>&1
     tail -30 "$OUT/sweep.log"; cp "$MKB_STATE/sweep.jsonl" "$OUT/" ;;
   bench)
@@ -80,7 +92,7 @@ case "$stage" in
     # A/A and A/B of the paired measurement (scripts/aa_ab.py): resumable, so a stage cut at the budget continues
     # when called again; its run folders live in $MKB_STATE/aa_ab, summary.json and the table come back in $OUT
     preflight
-    timeout "$budget" python3 scripts/aa_ab.py --out "$OUT" --work "$MKB_STATE/aa_ab" "$@" > "$OUT/aa_ab.log" 2>&1
+    timeout "$(left)" python3 scripts/aa_ab.py --out "$OUT" --work "$MKB_STATE/aa_ab" "$@" > "$OUT/aa_ab.log" 2>&1
     tail -40 "$OUT/aa_ab.log" ;;
   cheats)
     # the cheat suite (issue #27): every wrong/ kernel with its expected status, the shipped solutions of problem 28,

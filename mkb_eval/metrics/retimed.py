@@ -5,9 +5,11 @@ interleaved rounds (see ``mkb_eval.agent.retiming``). For a unit (problem, direc
 replicate) the ratio of round r is ``base_ms_r / skill_ms_r`` (the speedup ratio skill / base: both
 share the run's eager baseline, so it cancels); the unit's ratio is exp(mean of ln ratios over the
 usable rounds) and its interval a Student t interval on the ln ratios. A round is usable when both
-windows are ``ok`` with a time. Both the end-to-end time (``kernel_ms``, the benchmark's time) and
-the device time (``device_ms``, the GPU's work alone, where recorded) are kept; the verdict uses
-one (``timer``), stated in every result.
+windows are ``ok`` with a time. The verdict uses one timer, stated in every result: the end-to-end
+time (``kernel_ms``, the benchmark's time), the parent-attested per-call time (``attested_ms``: the
+calls back to back under the parent's clock, the host path overlapped) or the device time
+(``device_ms``, the GPU's work alone, as the worker reports it); the ratios by a second timer are
+kept beside it (the device time, or the end-to-end time when the verdict is on the device time).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any
 
 from mkb_eval.metrics.inputs import DIRECTIONS, InputError
 
-TIMERS = ("kernel_ms", "device_ms")
+TIMERS = ("kernel_ms", "attested_ms", "device_ms")
 DEFAULT_TIMER = "kernel_ms"
 # two-sided 95% Student t quantiles by degrees of freedom (1..30); above 30 the normal 1.96 is within 4%
 _T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
@@ -109,7 +111,7 @@ def pairs_from_entry(entry: Mapping[str, Any], timer: str = DEFAULT_TIMER) -> li
 
     if timer not in TIMERS:
         raise ValueError(f"timer must be one of {', '.join(TIMERS)}, not {timer!r}")
-    other = TIMERS[1 - TIMERS.index(timer)]
+    other = "kernel_ms" if timer == "device_ms" else "device_ms"
     labels = set(entry.get("kernels") or {}) | set(entry.get("labels") or [])
     main, alt = _windows(entry, timer), _windows(entry, other)
     out = []

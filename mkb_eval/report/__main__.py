@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--verdict", choices=VERDICTS, default=None,
                     help="paired (re-timed pairs; the default when the run has retime.jsonl) or original (the paper's)")
     ap.add_argument("--band", type=float, default=NEUTRAL_BAND, help="paired verdict: neutral band (relative)")
-    ap.add_argument("--timer", choices=TIMERS, default="kernel_ms", help="paired verdict: end-to-end or device time")
+    ap.add_argument("--timer", choices=TIMERS, default="kernel_ms", help="paired verdict: end-to-end, parent-attested or device time")
     args = ap.parse_args(argv)
     try:
         paths = build_report(args.run_dir, args.out, margin=args.margin, floor=args.floor,

@@ -60,6 +60,7 @@ def verdict_line(results: dict[str, Any]) -> str:
         return (f"Verdict: original (the benchmark's definition: tiers, then submission-time kernel times with a "
                 f"{p['margin']:g} margin; no paired re-timing in this run).")
     timer = {"kernel_ms": "end-to-end time (kernel_ms, the benchmark's time; device time shown beside it)",
+             "attested_ms": "parent-attested time (attested_ms, the calls back to back under the parent's clock)",
              "device_ms": "device time (device_ms, the GPU's work without the host call path)"}[p["timer"]]
     nf = p.get("noise_floor")
     floor = (f"A/A noise floor on this GPU: 95% of identical pairs within ±{100 * nf['ratio_p95_abs_dev']:.2f}% "

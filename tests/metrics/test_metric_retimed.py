@@ -12,7 +12,7 @@ import pytest
 from mkb_eval import problems as P
 from mkb_eval.agent.retiming import RetimeGroup, RetimeKernel, RetimeSettings, result_entry
 from mkb_eval.metrics import score
-from mkb_eval.metrics.retimed import PairedTiming, pairs_from_entry, read_retimes, t95
+from mkb_eval.metrics.retimed import TIMERS, PairedTiming, pairs_from_entry, read_retimes, t95
 from tests.agent.fake_retime import FakeRetime
 
 ARMS = ("cutedsl2tirx_skill", "solo_cutedsl", "solo_tirx", "tirx2cutedsl_skill")
@@ -94,3 +94,19 @@ def test_original_verdict_is_kept_and_a_stale_retiming_is_ignored(tmp_path: Path
     assert [r["outcome"] for r in paired["units"]][0] == "neutral"
     kernels = {t: ("other" if t.endswith("solo_tirx") else "sha") for t in (r["trial"] for r in recs)}
     assert read_retimes([e], kernels=kernels) == {}   # a trial run again since: its old re-timing is not used
+
+
+@pytest.mark.parametrize("timer", TIMERS)
+def test_every_timer_gives_the_verdict_and_keeps_a_second_one_beside_it(tmp_path: Path, timer: str) -> None:
+    """End-to-end, parent-attested or device time: a 10% slower skill arm is harmed by each, and the ratios by a
+    second timer (device time, or end-to-end for a device-time verdict) stay beside it."""
+    entries, recs = [], []
+    for pid in (28, 36):
+        entries.append(_entry(tmp_path, pid, {"cutedsl2tirx_skill": 1.10}))
+        recs += _records(pid)
+    timings = read_retimes(entries, timer)
+    res = score(recs, timings=timings, timer=timer)
+    assert [r["outcome"] for r in res["units"] if r["direction"] == "cutedsl2tirx"] == ["harmed"] * 2
+    assert res["params"]["timer"] == timer and all(t.timer == timer and t.other_log_ratios for t in timings.values())
+    with pytest.raises(ValueError, match="timer must be one of"):
+        read_retimes(entries, "wall_ms")
