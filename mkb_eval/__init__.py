@@ -18,6 +18,7 @@ from mkb_eval._version import __version__
 
 # public name -> the module that defines it
 _EXPORTS = {
+    "AttemptRecord": "mkb_eval.attempt_record",
     "load_dataset": "mkb_eval.dataset",
     "Limits": "mkb_eval.harness.verify",
     "verify": "mkb_eval.harness.verify",
@@ -35,6 +36,7 @@ _EXPORTS = {
 }
 
 __all__ = [                                     # _EXPORTS and the version (tests/test_architecture.py)
+    "AttemptRecord",
     "Limits",
     "Problem",
     "ProblemError",
@@ -53,6 +55,7 @@ __all__ = [                                     # _EXPORTS and the version (test
 ]
 
 if TYPE_CHECKING:
+    from mkb_eval.attempt_record import AttemptRecord
     from mkb_eval.dataset import load_dataset
     from mkb_eval.harness.verify import Limits, verify, verify_source
     from mkb_eval.metrics import read_attempts, score

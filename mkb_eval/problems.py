@@ -22,11 +22,12 @@ from typing import Any
 
 import yaml
 
-FAMILIES = ("attention", "kv_cache", "mlp_norm", "moe", "quantization", "linear_attention")
+from mkb_eval.vocab import DSLS as DSLS  # re-exported: P.DSLS is used across the package
+from mkb_eval.vocab import FAMILIES
+
 DTYPES = ("bf16", "fp16", "fp32", "fp8", "nvfp4", "uint8", "int32_int64")
 LICENSES = ("Apache-2.0",)
 SIZES = ("full", "smoke")
-DSLS = ("cutedsl", "tirx")
 
 # H200 SXM datasheet: 4.8 TB/s HBM3e; dense tensor-core / CUDA-core rates in FLOP/s.
 H200_BANDWIDTH = 4.8e12

@@ -15,12 +15,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mkb_eval.vocab import STATUSES as STATUSES  # re-exported: the closed set of a verification record
+
 SCHEMA_VERSION = 1
 
-# closed status set of one verification; implausible_time: a time below the problem's speed-of-light
-# bound (beyond the SOL model's margin) that stood a re-time under the parent's clock
-STATUSES = ("ok", "incorrect", "compile_error", "runtime_error", "timeout", "crashed", "policy_violation",
-            "no_dsl_kernel", "implausible_time", "unverified")
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Arms and trials: which DSL an arm runs in, which solo a skill arm takes its skill from.
 
-The names are those of the metrics (``mkb_eval.metrics.inputs``) so a run is scored as written.
+The names are the vocabulary's (``mkb_eval.vocab``), which the metrics read too, so a run is scored as written.
 For a direction a→b: source = ``solo_a``, base = ``solo_b``, skill = ``a2b_skill`` (in DSL b).
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from mkb_eval.metrics.inputs import ARM_DSL, ARMS, SKILL_ARMS, trial_name
+from mkb_eval.vocab import ARM_DSL, ARMS, SKILL_ARMS, trial_name
 
 SOURCE_ARM = {"cutedsl2tirx_skill": "solo_cutedsl", "tirx2cutedsl_skill": "solo_tirx"}
 DIRECTION = {"cutedsl2tirx_skill": "cutedsl2tirx", "tirx2cutedsl_skill": "tirx2cutedsl"}

@@ -104,7 +104,7 @@ class SolutionsSource(ReplaySource):
         super().__init__("solutions", _sha_files(files, base))
 
     def answers(self, problem: P.Problem, arm: str, replicate: int) -> list[ReplayAnswer]:
-        from mkb_eval.metrics.inputs import ARM_DSL
+        from mkb_eval.vocab import ARM_DSL
 
         dsl = ARM_DSL[arm]
         path = problem.solution_path(dsl)
@@ -120,7 +120,7 @@ class FolderSource(ReplaySource):
     kind = "folder"
 
     def __init__(self, folder: Path) -> None:
-        from mkb_eval.metrics.inputs import ARM_DSL
+        from mkb_eval.vocab import ARM_DSL
 
         self.folder = folder
         self.kernels: dict[tuple[int, str, str | None, int | None], Path] = {}
@@ -149,7 +149,7 @@ class FolderSource(ReplaySource):
         return any(k[3] is not None for k in self.kernels)
 
     def answers(self, problem: P.Problem, arm: str, replicate: int) -> list[ReplayAnswer]:
-        from mkb_eval.metrics.inputs import ARM_DSL
+        from mkb_eval.vocab import ARM_DSL
 
         dsl, pid = ARM_DSL[arm], problem.id
         path = (self.kernels.get((pid, dsl, arm, replicate)) or self.kernels.get((pid, dsl, arm, None))
@@ -196,7 +196,7 @@ class RunSource(ReplaySource):
         return True
 
     def answers(self, problem: P.Problem, arm: str, replicate: int) -> list[ReplayAnswer]:
-        from mkb_eval.metrics.inputs import trial_name
+        from mkb_eval.vocab import trial_name
 
         trial = trial_name(problem.id, replicate, arm)
         skill = self.skill.get(trial)
@@ -259,7 +259,7 @@ class ReplayBackend:
     def _replicate(self, arm: str, pid: int, turn: int, sampling: Sampling) -> int:
         if not self.source.replicate_specific or sampling.seed is None or self._seed is None:
             return 1
-        from mkb_eval.metrics.inputs import trial_name
+        from mkb_eval.vocab import trial_name
 
         for k in range(1, MAX_REPLICATES + 1):
             if _turn_seed(self._seed, trial_name(pid, k, arm), turn) == sampling.seed:

@@ -90,7 +90,7 @@ def group_from_records(run_dir: Path, problem_id: int, replicate: int,
 
     A group needs a unit's base and skill kernels (same DSL) to be worth re-timing; otherwise None.
     """
-    from mkb_eval.metrics.inputs import ARM_DSL, DIRECTIONS
+    from mkb_eval.vocab import ARM_DSL, DIRECTIONS
     from mkb_eval.metrics.units import direction_arms
 
     notes: list[str] = []

@@ -28,7 +28,7 @@ from mkb_eval.agent.loop import DONE, GENERATE, Attempt, Budget
 from mkb_eval.agent.plan import REUSE, Planned, Stamps, skill_sha256
 from mkb_eval.agent.progress import ProgressView
 from mkb_eval.agent.store import RunStore
-from mkb_eval.metrics.inputs import SCHEMA_VERSION
+from mkb_eval.attempt_record import AttemptRecord
 
 Verify = Callable[..., Any]
 
@@ -241,8 +241,8 @@ class Runner:
             status, message = final.status, final.message
         else:
             status, message = "compile_error", f"no usable kernel.py was submitted (attempt ended: {att.stop_reason if att else '?'})"
-        rec: dict[str, Any] = {
-            "schema_version": SCHEMA_VERSION, "kind": "attempt", "trial": key.id, "problem_id": key.problem_id,
+        fields: dict[str, Any] = {
+            "trial": key.id, "problem_id": key.problem_id,
             "problem": problem.name, "family": problem.family, "arm": key.arm, "dsl": key.dsl,
             "replicate": key.replicate, "status": status,
             "speedup": final.speedup if final and status == "ok" else None,
@@ -264,6 +264,7 @@ class Runner:
             "skill_md_written": bool(att and att.skill and att.skill.strip()),
             "final_kernel_sha256": final.kernel_sha256 if final else None,
         }
+        rec = AttemptRecord(**fields).to_json()        # a field missing or of the wrong type fails here
         if att is not None and att.art is not None:
             att.art.final(final.kernel if final else None, rec)
         self.store.append_record(rec)

@@ -18,32 +18,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mkb_eval.vocab import ARM_DSL as ARM_DSL  # re-exported: the metrics' own readers import them from here
+from mkb_eval.vocab import ARMS as ARMS
+from mkb_eval.vocab import ATTEMPT_STATUSES as STATUSES
+from mkb_eval.vocab import DIRECTIONS as DIRECTIONS
+from mkb_eval.vocab import DSLS as DSLS
+from mkb_eval.vocab import SKILL_ARMS as SKILL_ARMS
+from mkb_eval.vocab import trial_name as trial_name
+
 SCHEMA_VERSION = 1
 """Newest attempt-record version this reader understands."""
-
-STATUSES = (
-    "ok",
-    "incorrect",
-    "compile_error",
-    "runtime_error",
-    "timeout",
-    "crashed",
-    "policy_violation",
-    "no_dsl_kernel",
-    "implausible_time",
-    "unverified",
-    "skipped",
-)
-DSLS = ("cutedsl", "tirx")
-DIRECTIONS = ("cutedsl2tirx", "tirx2cutedsl")
-ARMS = ("solo_cutedsl", "solo_tirx", "cutedsl2tirx_skill", "tirx2cutedsl_skill")
-ARM_DSL = {
-    "solo_cutedsl": "cutedsl",
-    "solo_tirx": "tirx",
-    "cutedsl2tirx_skill": "tirx",
-    "tirx2cutedsl_skill": "cutedsl",
-}
-SKILL_ARMS = ("cutedsl2tirx_skill", "tirx2cutedsl_skill")
 
 # Problem numbering of the original benchmark (contiguous by family); used only to fill in the
 # family of records written before ``family`` was a field.
@@ -74,9 +58,6 @@ def family_of(problem_id: int) -> str:
     return "unknown"
 
 
-def trial_name(problem_id: int, replicate: int, arm: str) -> str:
-    """The trial coordinate ``p<NN>_r<k>_<arm>`` used by the run store."""
-    return f"p{problem_id:02d}_r{replicate}_{arm}"
 
 
 @dataclass(frozen=True)
