@@ -90,9 +90,15 @@ case "$stage" in
     tail -3 "$OUT/noise.err"; wc -l "$OUT/noise.jsonl" ;;
   aa_ab)
     # A/A and A/B of the paired measurement (scripts/aa_ab.py): resumable, so a stage cut at the budget continues
-    # when called again; its run folders live in $MKB_STATE/aa_ab, summary.json and the table come back in $OUT
+    # when called again; its run folders live in $MKB_STATE/aa_ab, summary.json and the table come back in $OUT.
+    # They come back as $OUT/aa_ab_state.tgz too: copied here to build/aa_ab_state.tgz and carried, a fresh host
+    # continues from them (a host is given back after 30 s idle, and $MKB_STATE with it)
+    if [ ! -d "$MKB_STATE/aa_ab" ] && [ -f build/aa_ab_state.tgz ]; then
+      tar xzf build/aa_ab_state.tgz -C "$MKB_STATE" && echo "aa_ab: continuing from build/aa_ab_state.tgz"
+    fi
     preflight
     timeout "$(left)" python3 scripts/aa_ab.py --out "$OUT" --work "$MKB_STATE/aa_ab" "$@" > "$OUT/aa_ab.log" 2>&1
+    tar czf "$OUT/aa_ab_state.tgz" -C "$MKB_STATE" aa_ab
     tail -40 "$OUT/aa_ab.log" ;;
   cheats)
     # the cheat suite (issue #27): every wrong/ kernel with its expected status, the shipped solutions of problem 28,
