@@ -13,6 +13,7 @@ import json
 import os
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,9 @@ class Judge:
         self.size = size
         self.device = device
         self.io_bytes: tuple[int, int] | None = None     # (input, reference output) bytes of one draw
+        # seconds spent per part of ``check`` (inputs, reference, read_output, compare, digest), summed over
+        # its calls: where the parent's judging goes (the re-checks took 6 s an evaluation in a sweep)
+        self.spent: dict[str, float] = {}
         _load_linalg(device)
 
     def _current(self) -> Any:
@@ -76,9 +80,22 @@ class Judge:
         with self._current():
             return self._check(seed, out_path, worker_digests, commitment, key)
 
+    @contextlib.contextmanager
+    def _spend(self, part: str) -> Iterator[None]:
+        """Add the block's seconds to ``spent[part]`` (the GPU's queue drained at its end, so each part
+        carries its own work)."""
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            if torch.device(self.device).type == "cuda":
+                torch.cuda.synchronize(self.device)
+            self.spent[part] = round(self.spent.get(part, 0.0) + time.perf_counter() - t, 4)
+
     def _check(self, seed: int, out_path: Path, worker_digests: list[Any] | None,
                commitment: list[list[int]] | None = None, key: int = 0) -> Mismatch | None:
-        inputs = self.inputs(seed)
+        with self._spend("inputs"):
+            inputs = self.inputs(seed)
         if worker_digests is not None:
             expected = tensors.digests(inputs)
             if len(worker_digests) != len(expected):     # the worker's report is untrusted: every input is checked
@@ -93,20 +110,26 @@ class Judge:
         # reference's before a byte of tensor data is read (see transport)
         try:
             with transport.open_output(out_path) as saved:
-                ref, anchor = self.expected(inputs)
+                with self._spend("reference"):
+                    ref, anchor = self.expected(inputs)
                 bad = check_descriptor(saved.root, ref)
                 if bad:
                     return bad
-                out = tensors.to_device(saved.values(), self.device)
+                with self._spend("read_output"):
+                    out = tensors.to_device(saved.values(), self.device)
         except transport.TransportError as e:
             return Mismatch("output", f"unreadable output file: {e}")
         if self.io_bytes is None:
             self.io_bytes = (sum(t.numel() * t.element_size() for t in tensors.walk(inputs)),
                              sum(t.numel() * t.element_size() for t in tensors.walk(ref)))
-        bad = compare(out, ref, anchor, self.problem.tolerance_factor)
-        if bad is None and commitment is not None and attest.digest(out, key) != commitment:
-            return Mismatch("output", "changed after the timed window: it does not match the digest the worker "
-                                      "committed to when the window ended")
+        with self._spend("compare"):
+            bad = compare(out, ref, anchor, self.problem.tolerance_factor)
+        if bad is None and commitment is not None:
+            with self._spend("digest"):
+                changed = attest.digest(out, key) != commitment
+            if changed:
+                return Mismatch("output", "changed after the timed window: it does not match the digest the worker "
+                                          "committed to when the window ended")
         return bad
 
     def time_reference(self, warmup: list[int], timing: list[int], compiled: bool = False) -> tuple[TimingResult, float]:

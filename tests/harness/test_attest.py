@@ -232,6 +232,7 @@ def test_the_window_protocol_end_to_end_with_the_judge(tmp_path):
         assert cal.calls == 5 and cal.make_ms > 0 and cal.commit_ms >= 0 and cal.attested_ms >= 0
         assert attest.attested_ms(st, cal) >= 1.9 and cal.commit_ms * 5 < 0.1 * st.window_ms   # the sums: a sliver
         assert timed.judge_windows(judge, [st], tmp_path) is None
+        assert {"inputs", "reference", "read_output", "compare", "digest"} <= set(judge.spent)   # where judging goes
         # an output that differs from what was committed at the window's end is incorrect
         i = st.saved[0]
         forged = WindowStamps(**{**st.__dict__, "digests": [[[1, 2]]] * st.calls})
