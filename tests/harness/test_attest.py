@@ -16,7 +16,7 @@ import torch
 
 from mkb_eval import problems as P
 from mkb_eval.harness import attest, timed, worker
-from mkb_eval.harness import verify as V
+from mkb_eval.harness import jobs as J
 from mkb_eval.harness.attest import WindowCalibration, WindowStamps
 from mkb_eval.harness.judge import Judge
 from mkb_eval.harness.retime import retime, round_orders
@@ -27,11 +27,11 @@ MS = 1_000_000   # ns
 
 def test_the_job_at_start_has_no_timing_seeds_nor_rechecks(tmp_path):
     p = P.find(28)
-    job = V._job(p, "cutedsl", tmp_path, "gpu", "full", "cuda:0")
+    job = J.make_job(p, "cutedsl", tmp_path, "gpu", "full", "cuda:0")
     assert not {"warmup_seeds", "timing_seeds", "recheck"} & set(job)
-    assert len(job["correctness_seeds"]) == V.CORRECTNESS_DRAWS and job["nodsl_seed"] is not None
-    assert not any(isinstance(v, list) and len(v) >= V.TIMING_DRAWS for v in job.values())
-    again = V._job(p, "cutedsl", tmp_path, "gpu", "full", "cuda:0", mode="retime")
+    assert len(job["correctness_seeds"]) == J.CORRECTNESS_DRAWS and job["nodsl_seed"] is not None
+    assert not any(isinstance(v, list) and len(v) >= J.TIMING_DRAWS for v in job.values())
+    again = J.make_job(p, "cutedsl", tmp_path, "gpu", "full", "cuda:0", mode="retime")
     assert len(again["correctness_seeds"]) == 1 and again["nodsl_seed"] is None and again["mode"] == "retime"
 
 

@@ -34,7 +34,8 @@ def test_the_record_fact_names_the_user(tmp_path):
 def test_an_unreadable_checkout_is_staged_as_a_readonly_copy(monkeypatch, tmp_path):
     """A worker user that cannot read the checkout gets a world-readable copy of the worker's code
     and the problems, named by content, and the worker is pointed at the copy."""
-    from mkb_eval.harness import verify as V
+    from mkb_eval.harness.jobs import worker_path
+    from mkb_eval.harness.redact import redact_paths
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     tried = []
@@ -55,9 +56,9 @@ def test_an_unreadable_checkout_is_staged_as_a_readonly_copy(monkeypatch, tmp_pa
     assert copy.read_bytes() == ref.read_bytes()
     assert copy.stat().st_mode & 0o777 == 0o444 and copy.parent.stat().st_mode & 0o777 == 0o555
     assert S.stage_code() == code                                    # same content: the same copy
-    assert V._worker_path(ref.parent, "nobody") == copy.parent
-    assert V._worker_path(tmp_path, "nobody") == tmp_path          # outside the checkout: unchanged
-    assert "<repo>/problems" in V.redact_paths(f"error in {copy}")
+    assert worker_path(ref.parent, "nobody") == copy.parent
+    assert worker_path(tmp_path, "nobody") == tmp_path          # outside the checkout: unchanged
+    assert "<repo>/problems" in redact_paths(f"error in {copy}")
     assert not list(code.glob("problems/*/*/solutions"))                # the workers need no solutions
 
 
