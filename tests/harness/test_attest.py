@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from mkb_eval import problems as P
-from mkb_eval.harness import attest, timed, worker
+from mkb_eval.harness import attest, timed, worker, worker_phase2
 from mkb_eval.harness import jobs as J
 from mkb_eval.harness.attest import WindowCalibration, WindowStamps
 from mkb_eval.harness.judge import Judge
@@ -180,17 +180,17 @@ class _FakeWorker:
                 keep(i, out)
             return SimpleNamespace(times_ms=times)
 
-        tools = worker._Tools(fake_time_draws, lambda *a: 0.01, lambda: 1.0, attest.worker_window,
-                              attest.warm_allocator, tensors.save, tensors.walk)
+        tools = worker_phase2.Tools(fake_time_draws, lambda *a: 0.01, lambda: 1.0, attest.worker_window,
+                                    attest.warm_allocator, tensors.save, tensors.walk)
         job = {"gate_fd": self.gate.child_fd(), "out_dir": str(out_dir)}
 
         def progress(stage, **kw):
             self.msgs.append({"kind": "progress", "stage": stage, **kw})
 
         def run():
-            op = worker._read_op(job["gate_fd"])
-            self.result = worker._serve_windows(job, op, solve, make, clock, "cpu", log, progress,
-                                                lambda where: None, tools)
+            op = worker_phase2.read_op(job["gate_fd"])
+            self.result = worker_phase2.serve_windows(job, op, solve, make, clock, "cpu", log, progress,
+                                                      lambda where: None, tools)
 
         self.thread = threading.Thread(target=run, daemon=True)
         self.thread.start()
