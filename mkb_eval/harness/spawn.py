@@ -19,11 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mkb_eval.harness.attest import GateSocket
 from mkb_eval.harness.channel import read_messages
 from mkb_eval.harness.forkserver import ForkServer, killpg
+from mkb_eval.harness.gate import GateSocket
 from mkb_eval.harness.lanes import physical_gpu
-from mkb_eval.harness.sandbox import Sandbox, SandboxConfig, code_root, pythonpath_first, session_usage
+from mkb_eval.harness.procs import session_usage
+from mkb_eval.harness.sandbox import Sandbox, SandboxConfig, code_root, pythonpath_first
 from mkb_eval.records import VerificationRecord
 
 OUTPUT_TAIL = 4000

@@ -17,7 +17,7 @@ from mkb_eval.harness.worker_stop import Stop, classify, format_exc
 
 def read_op(fd: int) -> dict[str, Any] | None:
     """The parent's next operation on the gate socket (one packet of JSON); None: stop, or the parent left."""
-    from mkb_eval.harness.attest import MAX_PACKET
+    from mkb_eval.harness.gate import MAX_PACKET
 
     data = os.read(fd, MAX_PACKET)
     if not data.startswith(b"{"):

@@ -18,6 +18,7 @@ from mkb_eval import problems as P
 from mkb_eval.harness import attest, timed, worker, worker_phase2
 from mkb_eval.harness import jobs as J
 from mkb_eval.harness.attest import WindowCalibration, WindowStamps
+from mkb_eval.harness.gate import GateSocket
 from mkb_eval.harness.judge import Judge
 from mkb_eval.harness.retime import retime, round_orders
 from mkb_eval.harness import tensors
@@ -142,7 +143,7 @@ def test_work_hidden_before_the_window_is_re_timed_then_rejected():
 
 
 def test_replies_carry_the_kernels_stamp_of_their_send_not_of_their_read():
-    gate = attest.GateSocket()
+    gate = GateSocket()
     try:
         fd = gate.child_fd()
         t = time.clock_gettime_ns(time.CLOCK_REALTIME)
@@ -164,7 +165,7 @@ class _FakeWorker:
     """The parent's view of a worker whose phase 2 runs in a thread of this process (CPU tensors)."""
 
     def __init__(self, out_dir, solve, make):
-        self.gate = attest.GateSocket()
+        self.gate = GateSocket()
         self.proc = SimpleNamespace(poll=lambda: None)
         self.msgs = []
         launches = itertools.count()

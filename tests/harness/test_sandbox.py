@@ -5,6 +5,7 @@ import os
 import tempfile
 
 from mkb_eval.harness import sandbox as S
+from mkb_eval.harness.procs import session_usage
 
 
 def test_unknown_user_keeps_the_current_one_and_says_why(monkeypatch):
@@ -85,12 +86,12 @@ def test_session_usage_counts_a_session_and_shares_recent_scans():
 
     p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], start_new_session=True)
     try:
-        rss, n = S.session_usage(p.pid)                  # a fresh scan sees the new session
+        rss, n = session_usage(p.pid)                  # a fresh scan sees the new session
         assert n == 1 and rss > 0
         p.kill()
         p.wait()
-        assert S.session_usage(p.pid, max_age=60.0) == (rss, n)     # within max_age: the shared scan
+        assert session_usage(p.pid, max_age=60.0) == (rss, n)     # within max_age: the shared scan
         time.sleep(0.01)
-        assert S.session_usage(p.pid, max_age=0.0) == (0, 0)        # a fresh one: gone
+        assert session_usage(p.pid, max_age=0.0) == (0, 0)        # a fresh one: gone
     finally:
         p.kill()
