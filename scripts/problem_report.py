@@ -122,10 +122,11 @@ def measure_compile(prob, judge, lock: str, size: str) -> dict:
     import torch._dynamo as dynamo
 
     from mkb_eval.env import describe
+    from mkb_eval.harness.jobs import TIMING_DRAWS, WARMUP_DRAWS
     from mkb_eval.harness.judge import baseline_cached
     from mkb_eval.harness.timing import Clock, time_draws
     from mkb_eval.harness.tolerance import reference_numerics
-    from mkb_eval.harness.verify import TIMING_DRAWS, WARMUP_DRAWS, default_cache_dir
+    from mkb_eval.harness.verify import default_cache_dir
 
     row: dict = {}
     seeds = list(range(100, 100 + WARMUP_DRAWS + TIMING_DRAWS))

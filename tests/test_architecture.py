@@ -20,7 +20,7 @@ PACKAGES = ("mkb_eval", "dataset_builder")
 # (the layout of the design: each entry imports only entries listed below it). A new subpackage
 # or top-level module must be given a layer here.
 LAYERS: list[tuple[str, ...]] = [
-    ("mkb_eval", "mkb_eval.cli", "mkb_eval.skills.cli", "dataset_builder"),   # the public API, the CLIs, the builder
+    ("mkb_eval", "mkb_eval.cli", "mkb_eval.cli_lazy", "mkb_eval.skills.cli", "dataset_builder"),   # the public API, the CLIs, the builder
     ("mkb_eval.agent",),
     ("mkb_eval.sweep",),
     ("mkb_eval.report",),

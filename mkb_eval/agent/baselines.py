@@ -101,7 +101,7 @@ Measure = Callable[[P.Problem, bool, Any], float]
 
 def timer_measure(size: str, warmup: int, timed: int) -> Measure:
     """The real measure: the lane's reference timer (one thread, the GPU's timing core), fixed seeds."""
-    from mkb_eval.harness.verify import _cores
+    from mkb_eval.harness.jobs import gpu_cores
 
     seeds = list(range(100, 100 + warmup + timed))
     own: dict[int, Any] = {}
@@ -112,7 +112,7 @@ def timer_measure(size: str, warmup: int, timed: int) -> Measure:
             from mkb_eval.harness.reference_timer import ReferenceTimer
 
             timer = own.get(lane.index) or own.setdefault(lane.index, ReferenceTimer(lane.index))
-        cpu = _cores(lane.index)[0]
+        cpu = gpu_cores(lane.index)[0]
         with lane.exclusive():
             return timer.time(problem.path, size, seeds[:warmup], seeds[warmup:], compiled, cpu)[0]
 
@@ -130,8 +130,8 @@ def prepare(problems: Sequence[P.Problem], run_dir: Path, lanes: Any, env: dict[
     whose torch.compile was not warmed within ``warm_s`` gets no compile time (an error entry), as in
     the report stage. ``measure`` may be injected (tests).
     """
+    from mkb_eval.harness.jobs import TIMING_DRAWS, WARMUP_DRAWS
     from mkb_eval.harness.judge import baseline_cached, baseline_key, read_baseline_cache, store_baseline
-    from mkb_eval.harness.verify import TIMING_DRAWS, WARMUP_DRAWS
 
     cache = baseline_dir(run_dir)
     have = {k: read_baseline_cache(cache / f"{k}_baselines.jsonl") for k in KINDS}

@@ -4,8 +4,9 @@ The worker's event-timed draws (``timing.time_draws``) stay as they were, compar
 baseline, but they are the worker's report: a candidate that patches the channel or the timers can
 send any number. After them comes one **attested window** per evaluation:
 
-1. The parent sends K fresh secret seeds and a digest key (``op: window``) on the gate socket and
-   stamps the send (``sent_ns``). The worker makes the K input sets, synchronises, and sends ``R``.
+1. The parent sends K fresh secret seeds and a digest key (``op: window``) on the gate socket
+   (:mod:`mkb_eval.harness.gate`) and stamps the send (``sent_ns``). The worker makes the K input
+   sets, synchronises, and sends ``R``.
 2. Right after ``R`` the worker runs the K calls back to back (no sync between them), one device-wide
    sync, then a one-pass row sum of every output and their combination into a keyed digest per
    output (the commitment), and sends the digests (``done``); it keeps the K outputs alive. The host
@@ -53,8 +54,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import socket
-import struct
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -73,9 +72,7 @@ PRECOMPUTE_HOST_TAU = 1.0       # ... plus this share of its host part (the vCPU
 PRECOMPUTE_SLACK_MS = 0.5       # ... plus this much (process wake-up, JSON, scheduling)
 ROWS_MAX = 1 << 14              # a digest sums at most this many rows per tensor (int64 stays exact)
 ROW_WORDS = 1024                # at least this many 32-bit words per row
-SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)    # the same number on x86-64 and arm64 Linux
 READY, SAVED, PREPPED = b"R", b"S", b"P"
-MAX_PACKET = 1 << 20
 
 
 def window_calls(in_bytes: int, out_bytes: int, l2_bytes: int, budget: int = WINDOW_BUDGET_BYTES) -> int:
@@ -163,58 +160,6 @@ def digest(value: Any, key: int) -> list[list[int]]:
     from mkb_eval.harness.tensors import walk
 
     return combine([[row_sums(t) for t in walk(value)]], key)[0]
-
-
-# -- the gate socket ----------------------------------------------------------------------------
-class GateSocket:
-    """The parent's end of a worker's gate: lane gates and window messages out, window replies in,
-    each reply stamped by the kernel when the worker sent it."""
-
-    def __init__(self) -> None:
-        self.sock, self.child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self.sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
-        for s in (self.sock, self.child):
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, MAX_PACKET)
-
-    def child_fd(self) -> int:
-        return self.child.fileno()
-
-    def close_child(self) -> None:
-        self.child.close()
-
-    def send(self, data: bytes) -> int:
-        """Send one packet; the realtime ns just before (the worker cannot have it earlier)."""
-        t = time.clock_gettime_ns(time.CLOCK_REALTIME)
-        self.sock.send(data)
-        return t
-
-    def send_op(self, **msg: Any) -> int:
-        return self.send(json.dumps(msg).encode())
-
-    def recv(self, timeout: float) -> tuple[bytes, int]:
-        """(packet, the kernel's stamp of its send in realtime ns); b"" at EOF; TimeoutError past ``timeout``."""
-        self.sock.settimeout(max(timeout, 1e-3))
-        try:
-            data, anc, _flags, _ = self.sock.recvmsg(MAX_PACKET, socket.CMSG_SPACE(16))
-        except socket.timeout:
-            raise TimeoutError(f"no reply from the worker in {timeout:.0f} s") from None
-        except OSError:
-            return b"", time.clock_gettime_ns(time.CLOCK_REALTIME)
-        stamp = None
-        for level, kind, payload in anc:
-            if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(payload) >= 16:
-                sec, ns = struct.unpack("qq", payload[:16])
-                stamp = sec * 1_000_000_000 + ns
-        if stamp is None:            # no kernel stamp (not Linux?): the read time, later than the send
-            stamp = time.clock_gettime_ns(time.CLOCK_REALTIME)
-        return data, stamp
-
-    def close(self) -> None:
-        for s in (self.sock, self.child):
-            try:
-                s.close()
-            except OSError:
-                pass
 
 
 # -- records of one window ----------------------------------------------------------------------

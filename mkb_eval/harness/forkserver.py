@@ -35,7 +35,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from mkb_eval.harness.sandbox import enter, proc_stat
+from mkb_eval.harness.procs import proc_stat
+from mkb_eval.harness.sandbox import enter
 
 MAX_FDS = 5                        # the child's stdin, stdout, stderr, lane gate and ready pipe, as fds 0-4
 _MSG = 1 << 20

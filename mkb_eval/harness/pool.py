@@ -55,7 +55,7 @@ class WarmPool:
         return tier, gpu if tier == "gpu" else 0, repr(limits.sandbox)
 
     def _spawn(self, key: tuple, tier: str, gpu: int, limits: Any) -> Any:
-        from mkb_eval.harness.verify import spawn_worker, start_fork_server
+        from mkb_eval.harness.spawn import spawn_worker, start_fork_server
 
         self.spawned += 1
         if self.fork and key not in self.servers:

@@ -116,12 +116,13 @@ def _retime_gpu(prob: P.Problem, kernels: dict[str, tuple[str, Path]], orders: l
                 t_start: float) -> RetimeResult:
     import torch
 
-    from mkb_eval.harness import verify as V
+    from mkb_eval.harness.jobs import make_job
     from mkb_eval.harness.judge import Judge
     from mkb_eval.harness.lanes import GpuLane
     from mkb_eval.harness.policy import check_source
+    from mkb_eval.harness.spawn import Limits, host_gpu, spawn_worker
 
-    limits = limits or V.Limits()
+    limits = limits or Limits()
     lane = lane or GpuLane(gpu)
     judge = Judge(prob, "full", f"cuda:{gpu}")
     sides = {label: _Side(label, dsl, Path(path)) for label, (dsl, path) in kernels.items()}
@@ -135,11 +136,11 @@ def _retime_gpu(prob: P.Problem, kernels: dict[str, tuple[str, Path]], orders: l
                 side.failed = "policy_violation" if pol.violations else "compile_error"
                 side.message = "; ".join(pol.details)
                 continue
-            w = (pool.take("gpu", gpu, limits) if pool is not None else None) or V.spawn_worker("gpu", gpu, limits)
+            w = (pool.take("gpu", gpu, limits) if pool is not None else None) or spawn_worker("gpu", gpu, limits)
             side.worker = w
             shutil.copyfile(side.path, w.root / "work" / "kernel.py")
-            jobs[side.label] = V._job(prob, side.dsl, w.root, "gpu", "full", "cuda:0", gpu,
-                                      user=w.limits.sandbox.run_as, mode="retime")
+            jobs[side.label] = make_job(prob, side.dsl, w.root, "gpu", "full", "cuda:0", gpu,
+                                        user=w.limits.sandbox.run_as, mode="retime")
             w.start(jobs[side.label])
         for side in sides.values():
             if side.worker is not None:
@@ -177,12 +178,15 @@ def _retime_gpu(prob: P.Problem, kernels: dict[str, tuple[str, Path]], orders: l
                 side.worker.kill()
                 shutil.rmtree(side.worker.root, ignore_errors=True)
     stages["total"] = round(time.perf_counter() - t_start, 3)
-    return RetimeResult(prob.id, list(kernels), results, {**env, "gpu_index": V._host_gpu(gpu)}, stages, "gpu")
+    return RetimeResult(prob.id, list(kernels), results, {**env, "gpu_index": host_gpu(gpu)}, stages, "gpu")
 
 
 def _sanity(side: _Side, job: dict[str, Any], judge: Any, lane: Any, limits: Any) -> None:
     """Phase 1 of a re-timing worker (one correctness draw), judged; a failure marks the side."""
-    from mkb_eval.harness import verify as V
+    from mkb_eval.harness.lane_hold import Held
+    from mkb_eval.harness.phase1 import judge_phase1, run_phase1
+    from mkb_eval.harness.redact import redact_paths
+    from mkb_eval.harness.spawn import fail_from_worker
     from mkb_eval.records import VerificationRecord
 
     w = side.worker
@@ -190,24 +194,25 @@ def _sanity(side: _Side, job: dict[str, Any], judge: Any, lane: Any, limits: Any
                              problem_hash=judge.problem.hash, dsl=side.dsl, kernel_sha256="", tier="gpu", size="full")
     msg, how = w.wait_for(("ready", "final"), limits.correctness_s)
     if msg and msg["kind"] != "final":
-        held = V._Held(lane)
+        held = Held(lane)
         try:
-            msg, how = V._phase1(w, held, limits.correctness_s, rec)
+            msg, how = run_phase1(w, held, limits.correctness_s, rec)
             if msg and msg["kind"] != "final":
-                if V._judge_phase1(rec, judge, job, msg, w.root / "out", between=held.step_aside):
+                if judge_phase1(rec, judge, job, msg, w.root / "out", between=held.step_aside):
                     return
                 side.failed, side.message = rec.status, rec.message
                 return
         finally:
             held.release()
-    V._fail_from_worker(rec, w, how, limits.correctness_s)
-    side.failed, side.message = rec.status, V.redact_paths(rec.message, w.root)
+    fail_from_worker(rec, w, how, limits.correctness_s)
+    side.failed, side.message = rec.status, redact_paths(rec.message, w.root)
 
 
 def _one_window(side: _Side, r: int, pos: int, warmup: int, draws: int, calls: int, ref: timed.Reference,
                 limits: Any, sol_ms: float | None) -> RetimeWindow:
     """Round ``r``'s window of one kernel: event draws, an attested window, its verdict (one re-time at most)."""
-    from mkb_eval.harness import verify as V
+    from mkb_eval.harness.redact import redact_paths
+    from mkb_eval.harness.spawn import fail_from_worker
 
     def failed(status: str, message: str, **nums: Any) -> RetimeWindow:
         return RetimeWindow(side.label, r, pos, None, nums.get("att"), nums.get("event"), nums.get("dev"), status,
@@ -225,8 +230,8 @@ def _one_window(side: _Side, r: int, pos: int, warmup: int, draws: int, calls: i
                          unless=lambda m: m.get("stage") == "events" and int(m.get("n", 0)) <= seen)
     if not ev or ev.get("kind") == "final":
         rec = _scratch(side)
-        V._fail_from_worker(rec, w, how, limits.timing_s)
-        side.failed, side.message = rec.status, V.redact_paths(rec.message, w.root)
+        fail_from_worker(rec, w, how, limits.timing_s)
+        side.failed, side.message = rec.status, redact_paths(rec.message, w.root)
         return failed(side.failed, side.message)
     side.events_seen = int(ev.get("n", seen + 1))
     event_ms = _median(ev["times_ms"])
@@ -237,10 +242,10 @@ def _one_window(side: _Side, r: int, pos: int, warmup: int, draws: int, calls: i
     except timed.WindowFailed as f:
         rec = _scratch(side)
         if f.status is None:
-            V._fail_from_worker(rec, w, f.how, limits.timing_s)
+            fail_from_worker(rec, w, f.how, limits.timing_s)
         else:
             rec.status, rec.message = f.status, f.message
-        side.failed, side.message = rec.status, V.redact_paths(rec.message, w.root)
+        side.failed, side.message = rec.status, redact_paths(rec.message, w.root)
         return failed(side.failed, side.message, event=event_ms, dev=dev)
     side.windows.append(wins.windows[-1])
     if verdict.status != "ok":

@@ -6,9 +6,9 @@ Two gates: after start-up and imports the worker waits until its GPU's lane admi
 work; phase 1 (correctness draws + the DSL-dependence draw) then ends by waiting again while the
 parent judges and waits for the GPU to be free for timing. The timing gate brings the timed draws'
 seeds (they are in no job sent earlier); after the event-timed draws the worker serves the parent's
-attested windows (:mod:`mkb_eval.harness.attest`) on the same gate socket. Before every message the
-worker checks that its own harness functions are still the objects it captured before the candidate
-was imported (evidence only: the verdict never rests on this process). Usage:
+attested windows (:mod:`mkb_eval.harness.attest`) on the same gate socket (:mod:`.worker_phase2`).
+Before every message the worker checks that its own harness functions are still the objects it
+captured before the candidate was imported (evidence only: the verdict never rests on this process). Usage:
 ``python -m mkb_eval.harness.worker -`` with the job as JSON on stdin.
 """
 
@@ -17,34 +17,14 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import statistics
 import sys
 import time
-import traceback
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from mkb_eval.harness.channel import Channel
-
-# exceptions raised by these packages before any launch are compile errors
-_DSL_MODULES = ("cutlass", "tvm", "tvm_ffi", "mlir")
-
-
-def _classify(exc: BaseException, launched: bool) -> str:
-    if isinstance(exc, (SyntaxError, ImportError)):
-        return "compile_error"
-    mod = type(exc).__module__ or ""
-    if not launched and (mod.split(".")[0] in _DSL_MODULES or "DSL" in type(exc).__name__):
-        return "compile_error"
-    return "runtime_error"
-
-
-def _format_exc(exc: BaseException, limit: int = 4000) -> str:
-    lines = traceback.format_exception(type(exc), exc, exc.__traceback__)
-    keep = [ln for ln in lines if "mkb_eval/harness" not in ln and "<frozen importlib" not in ln]
-    text = "".join(keep)
-    return text[-limit:]
+from mkb_eval.harness.worker_phase2 import Tools, read_op, serve_windows
+from mkb_eval.harness.worker_stop import Stop, classify, format_exc
 
 
 def _import_file(path: Path, name: str) -> Any:
@@ -55,14 +35,6 @@ def _import_file(path: Path, name: str) -> Any:
     sys.modules[name] = mod
     spec.loader.exec_module(mod)
     return mod
-
-
-class Stop(Exception):
-    """Ends the worker with a final status message."""
-
-    def __init__(self, status: str, message: str, **extra: Any) -> None:
-        super().__init__(message)
-        self.status, self.message, self.extra = status, message, extra
 
 
 def _check_guard(watch: Any, where: str) -> None:
@@ -109,7 +81,8 @@ class _Guard:
         from mkb_eval.harness import attest, tensors, timing
 
         me = sys.modules[__name__]
-        plan = [(Channel, ("send", "__init__")), (me, ("run", "main", "_serve_windows", "_cpu_tier")),
+        plan = [(Channel, ("send", "__init__")),
+                (me, ("run", "main", "_gpu_tier", "_correctness_draws", "serve_windows", "_cpu_tier")),
                 (timing, ("time_draws", "_time_draws", "stream_time_ms", "l2_flusher", "cpu_probe_ms",
                           "collector_paused")),
                 (tensors, ("save", "snapshot", "walk", "digests", "digest", "to_device")),
@@ -185,21 +158,22 @@ def main(argv: list[str]) -> int:
     except Stop as s:
         report(kind="final", status=s.status, stage=stage, message=s.message, **s.extra)
     except BaseException as e:  # noqa: BLE001 - everything the candidate raises becomes a status
-        report(kind="final", status="runtime_error", stage=stage, message=_format_exc(e))
+        report(kind="final", status="runtime_error", stage=stage, message=format_exc(e))
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)  # skip interpreter teardown: candidate atexit hooks and destructors do not run
 
 
-def run(job: dict[str, Any], chan: Channel, progress: Any) -> dict[str, Any]:  # noqa: C901, PLR0915 - the worker's stages in order
+def run(job: dict[str, Any], chan: Channel, progress: Any) -> dict[str, Any]:
+    """The task, the DSL's observer and the guard's capture, then the candidate's import, then its tier."""
     import torch
     import torch._dynamo  # rewraps torch.manual_seed (lazily, e.g. on the first profiler use): before capturing
 
     from mkb_eval.harness import attest, observe, tensors
     from mkb_eval.harness.timing import Clock, cpu_probe_ms, stream_time_ms, time_draws
 
-    tools = _Tools(time_draws, stream_time_ms, cpu_probe_ms, attest.worker_window, attest.warm_allocator,
-                   tensors.save, tensors.walk)                # captured before the candidate exists
+    tools = Tools(time_draws, stream_time_ms, cpu_probe_ms, attest.worker_window, attest.warm_allocator,
+                  tensors.save, tensors.walk)                # captured before the candidate exists
 
     tier = job["tier"]
     device = torch.device(job["device"])
@@ -233,7 +207,7 @@ def run(job: dict[str, Any], chan: Channel, progress: Any) -> dict[str, Any]:  #
         cand = _import_file(Path(job["kernel_path"]), "mkb_candidate")
     except BaseException as e:  # noqa: BLE001
         _check_guard(watch, "at import")
-        raise Stop(_classify(e, False), _format_exc(e)) from None
+        raise Stop(classify(e, False), format_exc(e)) from None
     solve = getattr(cand, "solve", None)
     if not callable(solve):
         raise Stop("compile_error", "kernel.py defines no callable 'solve'")
@@ -245,7 +219,7 @@ def run(job: dict[str, Any], chan: Channel, progress: Any) -> dict[str, Any]:  #
             out = solve(*inputs)
         except BaseException as e:  # noqa: BLE001
             check_tamper(what)
-            raise Stop(_classify(e, log.total() > before), f"{what}: " + _format_exc(e)) from None
+            raise Stop(classify(e, log.total() > before), f"{what}: " + format_exc(e)) from None
         return out, log.total() - before
 
     def check_tamper(where: str) -> None:
@@ -263,12 +237,65 @@ def run(job: dict[str, Any], chan: Channel, progress: Any) -> dict[str, Any]:  #
         check_tamper("before the report")
         return result
 
+    return _gpu_tier(job, chan, progress, solve, make, call, check_tamper, clock, device, log, tensors, tools, import_s,
+                     out_dir)
+
+
+def _gpu_tier(job: dict[str, Any], chan: Channel, progress: Any, solve: Any, make: Any, call: Any, check_tamper: Any,
+              clock: Any, device: Any, log: Any, tensors: Any, tools: Tools, import_s: float, out_dir: Path) -> dict[str, Any]:
+    """Gate 1, phase 1 and its report, the timing gate, phase 2. All but ``solve`` were bound before the
+    candidate was imported (``run``)."""
     # ---- gate 1: start and imports overlap anything; GPU work waits for the GPU's lane ----------
     progress("ready")
     if os.read(job["gate_fd"], 2) != b"go":
         return {"status": "stopped", "message": "stopped by the parent before phase 1"}
+    # the last draw's inputs stay allocated until the DSL-dependence draw's inputs replace them (re-timing: through phase 2)
+    draws, first_call_s, corr_s, inputs = _correctness_draws(job, chan, progress, make, call, check_tamper, clock, log,
+                                                             tensors, out_dir)
 
-    # ---- phase 1: correctness draws --------------------------------------------------------
+    # ---- the DSL-dependence draw: launches suppressed, free memory poisoned ------------------
+    poisoned, nodsl = 0, "skipped"
+    if job.get("nodsl_seed") is not None:             # (a re-timing job skips it: verified before)
+        progress("dsl_dependence")
+        poisoned = tensors.poison_free_memory(device)
+        inputs = make(job["nodsl_seed"])
+        log.suppressed = True
+        try:
+            out = solve(*inputs)
+            snap = tensors.snapshot(out)
+            clock.synchronize()
+            tensors.save(snap, out_dir / "nodsl.pt")
+            nodsl = "returned"
+            del out, snap
+        except BaseException:  # noqa: BLE001 - failing without the DSL is the expected outcome
+            nodsl = "raised"
+        finally:
+            log.suppressed = False
+        del inputs
+    try:
+        clock.synchronize()
+    except BaseException as e:  # noqa: BLE001
+        raise Stop("runtime_error", "the CUDA context failed after the DSL-dependence draw: " + format_exc(e)) from None
+
+    log.on_compile = None                # compiles from here on (in timing) are the candidate's time
+    check_tamper("before the phase-1 report")
+    chan.send(kind="phase1", stage="correctness", draws=draws, nodsl=nodsl, poisoned_bytes=poisoned,
+              import_s=import_s, first_call_s=first_call_s, correctness_s=corr_s)
+    # ---- gate: the parent judges phase 1; the timing gate brings the first timing op --------------
+    op = read_op(job["gate_fd"])
+    if op is None:
+        return {"status": "stopped", "message": "stopped by the parent after phase 1"}
+    if job.get("timing_cpu") is not None:
+        _pin([job["timing_cpu"]])             # the timed host call path gets this GPU's reserved core
+    return serve_windows(job, op, solve, make, clock, device, log, progress, check_tamper, tools)
+
+
+def _correctness_draws(job: dict[str, Any], chan: Channel, progress: Any, make: Any, call: Any, check_tamper: Any,
+                       clock: Any, log: Any, tensors: Any, out_dir: Path
+                       ) -> tuple[list[dict[str, Any]], float | None, float, list[Any] | None]:
+    """Phase 1's correctness draws, their outputs saved for the judge: (the draws' report, the first
+    call's seconds, the draws' seconds, the last draw's inputs). The lane requests of compiles stay
+    installed until the caller removes them after the DSL-dependence draw."""
     # a compile (CPU work) hands the GPU lane back, so timing elsewhere on this GPU need not wait
     # for it; after the compile the worker waits until the parent holds the lane for it again.
     # Between draws the worker offers the lane to a waiting timed phase (the parent decides).
@@ -291,6 +318,7 @@ def run(job: dict[str, Any], chan: Channel, progress: Any) -> dict[str, Any]:  #
 
     log.on_compile = on_compile
     draws: list[dict[str, Any]] = []
+    inputs: list[Any] | None = None
     prev: list[Any] | None = None
     t_corr = time.perf_counter()
     first_call_s = None
@@ -315,169 +343,8 @@ def run(job: dict[str, Any], chan: Channel, progress: Any) -> dict[str, Any]:  #
         prev = inputs
         del out, snap
         lane("step_aside")
-    prev = None
     corr_s = time.perf_counter() - t_corr - lane_wait
-
-    # ---- the DSL-dependence draw: launches suppressed, free memory poisoned ------------------
-    poisoned, nodsl = 0, "skipped"
-    if job.get("nodsl_seed") is not None:             # (a re-timing job skips it: verified before)
-        progress("dsl_dependence")
-        poisoned = tensors.poison_free_memory(device)
-        inputs = make(job["nodsl_seed"])
-        log.suppressed = True
-        try:
-            out = solve(*inputs)
-            snap = tensors.snapshot(out)
-            clock.synchronize()
-            tensors.save(snap, out_dir / "nodsl.pt")
-            nodsl = "returned"
-            del out, snap
-        except BaseException:  # noqa: BLE001 - failing without the DSL is the expected outcome
-            nodsl = "raised"
-        finally:
-            log.suppressed = False
-        del inputs
-    try:
-        clock.synchronize()
-    except BaseException as e:  # noqa: BLE001
-        raise Stop("runtime_error", "the CUDA context failed after the DSL-dependence draw: " + _format_exc(e)) from None
-
-    log.on_compile = None                # compiles from here on (in timing) are the candidate's time
-    check_tamper("before the phase-1 report")
-    chan.send(kind="phase1", stage="correctness", draws=draws, nodsl=nodsl, poisoned_bytes=poisoned,
-              import_s=import_s, first_call_s=first_call_s, correctness_s=corr_s)
-    # ---- gate: the parent judges phase 1; the timing gate brings the first timing op --------------
-    op = _read_op(job["gate_fd"])
-    if op is None:
-        return {"status": "stopped", "message": "stopped by the parent after phase 1"}
-    if job.get("timing_cpu") is not None:
-        _pin([job["timing_cpu"]])             # the timed host call path gets this GPU's reserved core
-    return _serve_windows(job, op, solve, make, clock, device, log, progress, check_tamper, tools)
-
-
-def _read_op(fd: int) -> dict[str, Any] | None:
-    """The parent's next operation on the gate socket (one packet of JSON); None: stop, or the parent left."""
-    from mkb_eval.harness.attest import MAX_PACKET
-
-    data = os.read(fd, MAX_PACKET)
-    if not data.startswith(b"{"):
-        return None
-    op = json.loads(data)
-    return op if isinstance(op, dict) and op.get("op") != "end" else None
-
-
-@dataclass
-class _Tools:
-    """Harness functions phase 2 calls, bound before the candidate is imported."""
-
-    time_draws: Any
-    stream_time_ms: Any
-    cpu_probe_ms: Any
-    worker_window: Any
-    warm_allocator: Any
-    save: Any
-    walk: Any
-
-
-def _serve_windows(job: dict[str, Any], op: dict[str, Any] | None, solve: Any, make: Any, clock: Any, device: Any,
-                   log: Any, progress: Any, check_tamper: Any, tools: _Tools) -> dict[str, Any]:
-    """Phase 2: the parent's timing operations, one after another, until it says ``end``:
-    ``events`` (the event-timed draws on the seeds it brings), ``prep`` (hold the window's memory once),
-    ``window`` (an attested window: :func:`attest.worker_window`), ``save`` (the window outputs it chose)."""
-    from mkb_eval.harness.attest import PREPPED, SAVED
-
-    fd, out_dir = job["gate_fd"], Path(job["out_dir"])
-    sizes: list[int] = []
-    outs: list[Any] = []
-    n_events = 0
-    while op is not None:
-        kind = op.get("op")
-        if kind == "events":
-            n_events += 1
-            res, sizes = _event_draws(op, solve, make, clock, device, log, progress, check_tamper, tools)
-            progress("events", n=n_events, **res)
-        elif kind == "prep":
-            outs = []
-            try:
-                tools.warm_allocator(sizes, int(op["calls"]) + 1, device)
-            except BaseException as e:  # noqa: BLE001 - too little memory for the window: the parent decides
-                os.write(fd, json.dumps({"error": "holding the window's memory: " + _format_exc(e, 1500)}).encode())
-            else:
-                os.write(fd, PREPPED)
-        elif kind == "window":
-            outs = []
-            try:
-                outs, _ = tools.worker_window(fd, op, make, solve, clock.synchronize)
-            except BaseException as e:  # noqa: BLE001
-                raise Stop(_classify(e, True), "timed window: " + _format_exc(e)) from None
-            check_tamper("after a timed window")
-        elif kind == "save":
-            for i in op["which"]:
-                tools.save(outs[int(i)], out_dir / f"{op['tag']}_{int(i)}.pt")
-            outs = []
-            os.write(fd, SAVED)
-        op = _read_op(fd)
-    progress("report")
-    return {"status": "timed", "windows_served": n_events}
-
-
-def _event_draws(op: dict[str, Any], solve: Any, make: Any, clock: Any, device: Any, log: Any, progress: Any,
-                 check_tamper: Any, tools: _Tools) -> tuple[dict[str, Any], list[int]]:
-    """The event-timed draws of one ``events`` op (the worker's report: evidence beside the attested
-    window) and the byte sizes of one input and output set (for ``prep``)."""
-    time_draws, stream_time_ms, cpu_probe_ms = tools.time_draws, tools.stream_time_ms, tools.cpu_probe_ms
-
-    launch_counts: list[int] = []
-    host_s: list[float] = []
-    last: list[Any] = []
-    in_sizes: list[int] = []
-
-    def make_sized(seed: int) -> list[Any]:             # outside the timed region: one set's input bytes, once
-        inputs = make(seed)
-        if not in_sizes:
-            in_sizes.extend(t.numel() * t.element_size() for t in tools.walk(inputs))
-        return inputs
-
-    def timed(*inputs: Any) -> Any:
-        before = log.total()
-        t = time.perf_counter()
-        out = solve(*inputs)
-        host_s.append(time.perf_counter() - t)        # until solve returns: the host call path
-        launch_counts.append(log.total() - before)
-        return out
-
-    def keep(i: int, out: Any) -> Any:
-        if not last:
-            last.append([t.numel() * t.element_size() for t in tools.walk(out)])
-        return None
-
-    warmup, timing = [int(x) for x in op["warmup_seeds"]], [int(x) for x in op["timing_seeds"]]
-    probe = [cpu_probe_ms()]
-    t_time = time.perf_counter()
-    try:
-        res = time_draws(timed, make_sized, warmup, timing, clock, device, keep=keep,
-                         on_draw=lambda phase, k: progress(phase, draw=k) if k % 10 == 0 else None)
-    except BaseException as e:  # noqa: BLE001
-        check_tamper("in timing")
-        raise Stop(_classify(e, True), "timing: " + _format_exc(e)) from None
-    timing_s = time.perf_counter() - t_time
-    probe.append(cpu_probe_ms())
-    check_tamper("after timing")
-    if not launch_counts or min(launch_counts) == 0:
-        raise Stop("no_dsl_kernel", "a timed call launched no DSL kernel (results were served without the DSL)")
-    timed_host = host_s[len(warmup):]
-    host_ms = 1e3 * statistics.median(timed_host) if timed_host else None
-    dev_ms = None
-    if op.get("device", True):
-        progress("device_time")
-        try:                                  # informative: a failure here leaves the verdict as it is
-            dev_ms = stream_time_ms(solve, make, timing[:10], clock, device, host_ms or 0.0)
-        except BaseException:  # noqa: BLE001
-            dev_ms = None
-    check_tamper("before the report")
-    return ({"times_ms": res.times_ms, "device_ms": dev_ms, "launches_per_call": sorted(set(launch_counts)),
-             "timing_s": timing_s, "host_call_ms": host_ms, "cpu_probe_ms": max(probe)},
-            in_sizes + (last[0] if last else []))
+    return draws, first_call_s, corr_s, inputs
 
 
 def _cpu_tier(job: dict[str, Any], make: Any, call: Any, log: Any, progress: Any, import_s: float) -> dict[str, Any]:

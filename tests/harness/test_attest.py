@@ -15,9 +15,10 @@ import pytest
 import torch
 
 from mkb_eval import problems as P
-from mkb_eval.harness import attest, timed, worker
-from mkb_eval.harness import verify as V
+from mkb_eval.harness import attest, timed, worker, worker_phase2
+from mkb_eval.harness import jobs as J
 from mkb_eval.harness.attest import WindowCalibration, WindowStamps
+from mkb_eval.harness.gate import GateSocket
 from mkb_eval.harness.judge import Judge
 from mkb_eval.harness.retime import retime, round_orders
 from mkb_eval.harness import tensors
@@ -27,11 +28,11 @@ MS = 1_000_000   # ns
 
 def test_the_job_at_start_has_no_timing_seeds_nor_rechecks(tmp_path):
     p = P.find(28)
-    job = V._job(p, "cutedsl", tmp_path, "gpu", "full", "cuda:0")
+    job = J.make_job(p, "cutedsl", tmp_path, "gpu", "full", "cuda:0")
     assert not {"warmup_seeds", "timing_seeds", "recheck"} & set(job)
-    assert len(job["correctness_seeds"]) == V.CORRECTNESS_DRAWS and job["nodsl_seed"] is not None
-    assert not any(isinstance(v, list) and len(v) >= V.TIMING_DRAWS for v in job.values())
-    again = V._job(p, "cutedsl", tmp_path, "gpu", "full", "cuda:0", mode="retime")
+    assert len(job["correctness_seeds"]) == J.CORRECTNESS_DRAWS and job["nodsl_seed"] is not None
+    assert not any(isinstance(v, list) and len(v) >= J.TIMING_DRAWS for v in job.values())
+    again = J.make_job(p, "cutedsl", tmp_path, "gpu", "full", "cuda:0", mode="retime")
     assert len(again["correctness_seeds"]) == 1 and again["nodsl_seed"] is None and again["mode"] == "retime"
 
 
@@ -142,7 +143,7 @@ def test_work_hidden_before_the_window_is_re_timed_then_rejected():
 
 
 def test_replies_carry_the_kernels_stamp_of_their_send_not_of_their_read():
-    gate = attest.GateSocket()
+    gate = GateSocket()
     try:
         fd = gate.child_fd()
         t = time.clock_gettime_ns(time.CLOCK_REALTIME)
@@ -164,7 +165,7 @@ class _FakeWorker:
     """The parent's view of a worker whose phase 2 runs in a thread of this process (CPU tensors)."""
 
     def __init__(self, out_dir, solve, make):
-        self.gate = attest.GateSocket()
+        self.gate = GateSocket()
         self.proc = SimpleNamespace(poll=lambda: None)
         self.msgs = []
         launches = itertools.count()
@@ -180,17 +181,17 @@ class _FakeWorker:
                 keep(i, out)
             return SimpleNamespace(times_ms=times)
 
-        tools = worker._Tools(fake_time_draws, lambda *a: 0.01, lambda: 1.0, attest.worker_window,
-                              attest.warm_allocator, tensors.save, tensors.walk)
+        tools = worker_phase2.Tools(fake_time_draws, lambda *a: 0.01, lambda: 1.0, attest.worker_window,
+                                    attest.warm_allocator, tensors.save, tensors.walk)
         job = {"gate_fd": self.gate.child_fd(), "out_dir": str(out_dir)}
 
         def progress(stage, **kw):
             self.msgs.append({"kind": "progress", "stage": stage, **kw})
 
         def run():
-            op = worker._read_op(job["gate_fd"])
-            self.result = worker._serve_windows(job, op, solve, make, clock, "cpu", log, progress,
-                                                lambda where: None, tools)
+            op = worker_phase2.read_op(job["gate_fd"])
+            self.result = worker_phase2.serve_windows(job, op, solve, make, clock, "cpu", log, progress,
+                                                      lambda where: None, tools)
 
         self.thread = threading.Thread(target=run, daemon=True)
         self.thread.start()

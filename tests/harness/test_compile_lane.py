@@ -7,8 +7,12 @@ import time
 from pathlib import Path
 
 from mkb_eval.harness import observe
-from mkb_eval.harness import verify as V
+from mkb_eval.harness.jobs import CORRECTNESS_DRAWS
+from mkb_eval.harness.lane_hold import Held
 from mkb_eval.harness.lanes import GpuLane
+from mkb_eval.harness.phase1 import judge_phase1, run_phase1
+from mkb_eval.harness.spawn import Worker
+from mkb_eval.records import VerificationRecord
 
 
 def test_compiling_announces_outermost_main_thread_compiles_only(monkeypatch):
@@ -73,11 +77,11 @@ class _FakeWorker:
     def open_gate(self, go):
         self.gates.append(time.monotonic())
 
-    wait_for = V._Worker.wait_for
+    wait_for = Worker.wait_for
 
 
 def test_phase1_gives_the_lane_back_while_the_worker_compiles():
-    lane, w, rec = GpuLane(0), _FakeWorker(), V.VerificationRecord(
+    lane, w, rec = GpuLane(0), _FakeWorker(), VerificationRecord(
         status="crashed", problem_id=28, problem="p", problem_hash="h", dsl="tirx", kernel_sha256="k", tier="gpu",
         size="full", created_at="now")
     timed: dict[str, float] = {}
@@ -104,9 +108,9 @@ def test_phase1_gives_the_lane_back_while_the_worker_compiles():
 
     script = threading.Thread(target=worker_script)
     script.start()
-    held = V._Held(lane)
+    held = Held(lane)
     try:
-        msg, how = V._phase1(w, held, budget=0.2, rec=rec)   # the 0.3 s lane wait is not the worker's
+        msg, how = run_phase1(w, held, budget=0.2, rec=rec)   # the 0.3 s lane wait is not the worker's
     finally:
         held.release()
     script.join()
@@ -118,7 +122,7 @@ def test_phase1_gives_the_lane_back_while_the_worker_compiles():
 def test_phase1_steps_aside_between_draws_for_a_waiting_timed_phase():
     """A worker between correctness draws asks to step aside: a timed phase queued on the GPU runs
     before the worker goes on, and the wait counts neither against its budget nor as compile wait."""
-    lane, w, rec = GpuLane(0), _FakeWorker(), V.VerificationRecord(
+    lane, w, rec = GpuLane(0), _FakeWorker(), VerificationRecord(
         status="crashed", problem_id=28, problem="p", problem_hash="h", dsl="tirx", kernel_sha256="k", tier="gpu",
         size="full", created_at="now")
     timed: dict[str, float] = {}
@@ -144,9 +148,9 @@ def test_phase1_steps_aside_between_draws_for_a_waiting_timed_phase():
 
     script = threading.Thread(target=worker_script)
     script.start()
-    held = V._Held(lane)
+    held = Held(lane)
     try:
-        msg, how = V._phase1(w, held, budget=0.2, rec=rec)
+        msg, how = run_phase1(w, held, budget=0.2, rec=rec)
     finally:
         held.release()
     script.join()
@@ -171,11 +175,11 @@ def test_judging_steps_aside_between_checks_and_that_wait_is_not_judging_time():
         time.sleep(0.2)
         return 0.2
 
-    rec = V.VerificationRecord(status="crashed", problem_id=28, problem="p", problem_hash="h", dsl="tirx",
+    rec = VerificationRecord(status="crashed", problem_id=28, problem="p", problem_hash="h", dsl="tirx",
                                kernel_sha256="k", tier="gpu", size="full", created_at="now")
-    draws = [{"draw": i, "input_digests": [], "launches": 1, "addresses": [i]} for i in range(V.CORRECTNESS_DRAWS)]
+    draws = [{"draw": i, "input_digests": [], "launches": 1, "addresses": [i]} for i in range(CORRECTNESS_DRAWS)]
     msg = {"import_s": 0, "first_call_s": 0, "correctness_s": 0, "draws": draws, "nodsl": "raised"}
-    job = {"correctness_seeds": list(range(V.CORRECTNESS_DRAWS)), "nodsl_seed": 9}
-    assert V._judge_phase1(rec, Judge(), job, msg, Path("."), between=between)
-    assert calls[:2] == ["between", "check"] and calls.count("between") == V.CORRECTNESS_DRAWS + 1
+    job = {"correctness_seeds": list(range(CORRECTNESS_DRAWS)), "nodsl_seed": 9}
+    assert judge_phase1(rec, Judge(), job, msg, Path("."), between=between)
+    assert calls[:2] == ["between", "check"] and calls.count("between") == CORRECTNESS_DRAWS + 1
     assert rec.stages_s["judge_correctness"] < 0.2

@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 
 from mkb_eval import problems as P
-from mkb_eval.harness import verify as V
+from mkb_eval.harness import spawn
 from mkb_eval.harness.forkserver import ForkServer
 from mkb_eval.harness.pool import WarmPool
-from mkb_eval.harness.verify import Limits, spawn_worker, start_fork_server, verify
+from mkb_eval.harness.spawn import start_fork_server
+from mkb_eval.harness.verify import Limits, spawn_worker, verify
 from tests.helpers import until
 
 
@@ -72,7 +73,7 @@ def test_a_pool_whose_fork_server_cannot_start_falls_back_to_exec_workers(monkey
         (tmp_path / "work").mkdir(exist_ok=True)
         return ForkServer({"PYTHONHOME": str(tmp_path / "no-python-here")}, tmp_path)
 
-    monkeypatch.setattr(V, "start_fork_server", dead_server)
+    monkeypatch.setattr(spawn, "start_fork_server", dead_server)
     with WarmPool(fork=True) as pool:
         pool.fill("cpu", 0, Limits())
         (server,) = pool.servers.values()
@@ -99,7 +100,7 @@ sock.sendmsg([json.dumps({"error": "CUDA was initialised while importing"}).enco
 def test_workers_asked_of_a_server_that_refuses_are_replaced_not_crashed(monkeypatch, tmp_path):
     """On a GPU host a toolchain's import once initialised CUDA: the server refused to fork, and the
     evaluations it owed workers were recorded as crashed. They must get exec'd workers instead."""
-    monkeypatch.setattr(V, "start_fork_server", _fake_server(tmp_path, REFUSING))
+    monkeypatch.setattr(spawn, "start_fork_server", _fake_server(tmp_path, REFUSING))
     p36 = P.find(36)
     with WarmPool(per_key=2, fork=True) as pool:
         pool.fill("cpu", 0, Limits())
@@ -119,7 +120,7 @@ def _fake_server(tmp_path: Path, code: str):
     for d in (fake.parent, fake):
         (d / "__init__.py").write_text("")
     (fake / "forkserver.py").write_text(code)
-    real = V.start_fork_server
+    real = spawn.start_fork_server
 
     def start(tier, gpu, limits):
         server = real(tier, gpu, limits)
@@ -130,7 +131,7 @@ def _fake_server(tmp_path: Path, code: str):
 
 
 def test_a_hung_server_costs_one_wait_then_workers_are_execd(monkeypatch, tmp_path):
-    monkeypatch.setattr(V, "start_fork_server", _fake_server(tmp_path, "import time\ntime.sleep(600)\n"))
+    monkeypatch.setattr(spawn, "start_fork_server", _fake_server(tmp_path, "import time\ntime.sleep(600)\n"))
     with WarmPool(fork=True) as pool:
         pool.import_timeout_s = 1.0
         pool.fill("cpu", 0, Limits())

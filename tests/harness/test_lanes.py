@@ -1,5 +1,6 @@
 """The GPU lane: shared holders overlap, an exclusive holder never overlaps anyone."""
 
+import os
 import threading
 import time
 
@@ -84,12 +85,12 @@ def test_each_gpu_keeps_a_timing_core_that_other_work_avoids(monkeypatch):
     import torch
 
     from mkb_eval.harness import cores
-    from mkb_eval.harness import verify as V
+    from mkb_eval.harness.jobs import gpu_cores
 
     monkeypatch.setattr(cores, "smt_siblings", lambda c: {c})
-    monkeypatch.setattr(V.os, "sched_getaffinity", lambda pid: set(range(32)), raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(32)), raising=False)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    assert V._cores(0) == (31, list(range(30)))
-    assert V._cores(1) == (30, list(range(30)))
-    monkeypatch.setattr(V.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
-    assert V._cores(0) == (None, None)            # too few cores: pin nothing rather than starve
+    assert gpu_cores(0) == (31, list(range(30)))
+    assert gpu_cores(1) == (30, list(range(30)))
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
+    assert gpu_cores(0) == (None, None)            # too few cores: pin nothing rather than starve

@@ -5,6 +5,7 @@ import os
 import tempfile
 
 from mkb_eval.harness import sandbox as S
+from mkb_eval.harness.procs import session_usage
 
 
 def test_unknown_user_keeps_the_current_one_and_says_why(monkeypatch):
@@ -34,7 +35,8 @@ def test_the_record_fact_names_the_user(tmp_path):
 def test_an_unreadable_checkout_is_staged_as_a_readonly_copy(monkeypatch, tmp_path):
     """A worker user that cannot read the checkout gets a world-readable copy of the worker's code
     and the problems, named by content, and the worker is pointed at the copy."""
-    from mkb_eval.harness import verify as V
+    from mkb_eval.harness.jobs import worker_path
+    from mkb_eval.harness.redact import redact_paths
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     tried = []
@@ -55,9 +57,9 @@ def test_an_unreadable_checkout_is_staged_as_a_readonly_copy(monkeypatch, tmp_pa
     assert copy.read_bytes() == ref.read_bytes()
     assert copy.stat().st_mode & 0o777 == 0o444 and copy.parent.stat().st_mode & 0o777 == 0o555
     assert S.stage_code() == code                                    # same content: the same copy
-    assert V._worker_path(ref.parent, "nobody") == copy.parent
-    assert V._worker_path(tmp_path, "nobody") == tmp_path          # outside the checkout: unchanged
-    assert "<repo>/problems" in V.redact_paths(f"error in {copy}")
+    assert worker_path(ref.parent, "nobody") == copy.parent
+    assert worker_path(tmp_path, "nobody") == tmp_path          # outside the checkout: unchanged
+    assert "<repo>/problems" in redact_paths(f"error in {copy}")
     assert not list(code.glob("problems/*/*/solutions"))                # the workers need no solutions
 
 
@@ -84,12 +86,12 @@ def test_session_usage_counts_a_session_and_shares_recent_scans():
 
     p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], start_new_session=True)
     try:
-        rss, n = S.session_usage(p.pid)                  # a fresh scan sees the new session
+        rss, n = session_usage(p.pid)                  # a fresh scan sees the new session
         assert n == 1 and rss > 0
         p.kill()
         p.wait()
-        assert S.session_usage(p.pid, max_age=60.0) == (rss, n)     # within max_age: the shared scan
+        assert session_usage(p.pid, max_age=60.0) == (rss, n)     # within max_age: the shared scan
         time.sleep(0.01)
-        assert S.session_usage(p.pid, max_age=0.0) == (0, 0)        # a fresh one: gone
+        assert session_usage(p.pid, max_age=0.0) == (0, 0)        # a fresh one: gone
     finally:
         p.kill()

@@ -71,7 +71,7 @@ def test_records_carry_no_machine_paths():
     from pathlib import Path
 
     import mkb_eval
-    from mkb_eval.harness.verify import redact_paths
+    from mkb_eval.harness.redact import redact_paths
 
     repo = Path(mkb_eval.__file__).resolve().parent.parent
     folder = Path(tempfile.gettempdir()) / "mkb-eval-ab_12"

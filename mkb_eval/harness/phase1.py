@@ -1,0 +1,78 @@
+"""Phase 1 on the parent's side: gate 1 and the worker's lane requests while it compiles and runs the
+correctness draws, then the judge's verdict on those draws and the DSL-dependence draw. Shared by a
+verification and by a re-timing's sanity check."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from mkb_eval.harness.jobs import CORRECTNESS_DRAWS, REUSE_DRAWS
+from mkb_eval.harness.lane_hold import Held
+from mkb_eval.harness.spawn import Worker
+from mkb_eval.records import VerificationRecord
+
+
+def run_phase1(w: Worker, held: Held, budget: float, rec: VerificationRecord) -> tuple[dict[str, Any] | None, str]:
+    """Open gate 1 and wait for the worker's phase-1 report. Between a compile's start and end the lane
+    is given back (compiling is CPU work; timing on this GPU need not wait for it); the worker resumes
+    only once it is held again. Between draws the worker asks to step aside for a waiting timed phase.
+    Time spent waiting for the lane does not count against ``budget``."""
+    w.open_gate(True)
+    t0, seen, held.waited = time.perf_counter(), 0, 0.0
+    while True:
+        left = budget + held.waited + held.stepped_aside - (time.perf_counter() - t0)
+        if left <= 0:
+            msg, how = None, "timeout"
+            break
+        def handled(m: dict[str, Any], seen: int = seen) -> bool:       # a lane request already answered
+            return m.get("kind") == "lane" and (not isinstance(m.get("n"), int) or m["n"] <= seen)
+
+        msg, how = w.wait_for(("phase1", "final", "lane"), left, unless=handled)
+        if not msg or msg["kind"] != "lane":
+            break
+        seen = msg["n"]
+        if msg.get("want") == "release":
+            held.release()
+        elif msg.get("want") == "step_aside":       # between draws, the worker's GPU work done
+            held.step_aside()
+            w.open_gate(True)
+        else:
+            held.acquire()
+            w.open_gate(True)
+    rec.stages_s["worker_phase1"] = round(time.perf_counter() - t0, 3)
+    if seen:
+        rec.stages_s["compile_lane_wait"] = round(held.waited, 3)
+    return msg, how
+
+
+def judge_phase1(rec: VerificationRecord, judge: Any, job: dict[str, Any], msg: dict[str, Any], out: Path,
+                  between: Callable[[], float] = lambda: 0.0) -> bool:
+    """Correctness of the 5 draws and the DSL-dependence draw; False (status set) when they fail.
+    ``between`` runs between checks (the lane's step aside; its seconds are not judging time)."""
+    rec.stages_s.update(import_s=round(msg["import_s"], 3), first_call_s=round(msg["first_call_s"], 3),
+                        correctness_draws_s=round(msg["correctness_s"], 3))
+    t0 = time.perf_counter()
+    for d in msg["draws"]:
+        t0 += between()
+        bad = judge.check(job["correctness_seeds"][d["draw"]], out / f"corr_{d['draw']}.pt", d["input_digests"])
+        if bad:
+            reused = " (inputs refilled in the previous draw's buffers)" if d["draw"] in REUSE_DRAWS else ""
+            rec.status, rec.stage = "incorrect", "correctness"
+            rec.message = f"correctness draw {d['draw'] + 1} of {CORRECTNESS_DRAWS}{reused}: {bad}"
+            rec.correctness.update(draws_passed=d["draw"], max_error=bad.max_error, allowance=bad.allowance)
+            return False
+    addrs = [tuple(d["addresses"]) for d in msg["draws"]]
+    rec.correctness.update(draws_passed=CORRECTNESS_DRAWS, launches=[d["launches"] for d in msg["draws"]],
+                           distinct_input_addresses=len(set(addrs)))
+    t0 += between()
+    if msg["nodsl"] == "returned" and judge.check(job["nodsl_seed"], out / "nodsl.pt") is None:
+        rec.status, rec.stage = "no_dsl_kernel", "dsl_dependence"
+        rec.message = ("the output is still correct with every DSL launch suppressed and free memory poisoned: "
+                       "the DSL kernel does not compute the result")
+        return False
+    rec.correctness["dsl_dependence"] = f"fails without the DSL ({msg['nodsl']})"
+    rec.stages_s["judge_correctness"] = round(time.perf_counter() - t0, 3)
+    return True
