@@ -36,6 +36,8 @@ class RetimeWindow:
     device_ms: float | None    # GPU time on the call's stream if measured, else None
     status: str                # "ok" or a failure status
     message: str = ""
+    span_per_call_ms: float | None = None   # the window's ready-to-done span per call, the parent's clock
+    commit_ms: float | None = None          # the trusted commitment cost per call taken out of it
 
 
 @dataclass
@@ -250,7 +252,9 @@ def _one_window(side: _Side, r: int, pos: int, warmup: int, draws: int, calls: i
     side.windows.append(wins.windows[-1])
     if verdict.status != "ok":
         return failed(verdict.status, verdict.message, att=verdict.attested_ms, event=event_ms, dev=dev)
-    return RetimeWindow(side.label, r, pos, verdict.kernel_ms, verdict.attested_ms, event_ms, dev, "ok")
+    last, cal = wins.windows[-1], wins.calibrations[-1]
+    return RetimeWindow(side.label, r, pos, verdict.kernel_ms, verdict.attested_ms, event_ms, dev, "ok",
+                        span_per_call_ms=round(last.window_ms / max(1, last.calls), 5), commit_ms=round(cal.commit_ms, 5))
 
 
 def _scratch(side: _Side) -> Any:

@@ -180,6 +180,13 @@ def _run_cpu(rec: VerificationRecord, prob: P.Problem, dsl: str, w: Worker, limi
         rec.sandbox = w.facts()
 
 
+def _judge_parts(rec: VerificationRecord, correctness: dict[str, float], spent: dict[str, float]) -> None:
+    """The judge's seconds by part (inputs, reference, read_output, compare, digest), for the correctness
+    draws and for the re-checks: where the parent's judging goes."""
+    rec.stages_s.update({f"judge_correctness_{k}": v for k, v in correctness.items()})
+    rec.stages_s.update({f"judge_rechecks_{k}": round(v - correctness.get(k, 0.0), 4) for k, v in spent.items()})
+
+
 def _run_gpu(rec: VerificationRecord, prob: P.Problem, dsl: str, w: Worker, size: str, gpu: int, lane: GpuLane,
              limits: Limits, compile_baseline: bool | str, cache_dir: Path, reuse_eager: bool = False) -> None:
     """Worker start → (lane shared) phase 1 + judging → (lane exclusive) timing + baselines → rechecks."""
@@ -227,9 +234,11 @@ def _run_gpu(rec: VerificationRecord, prob: P.Problem, dsl: str, w: Worker, size
     held.acquire()
     try:
         rec.stages_s["recheck_lane_wait"] = round(held.waited, 3)
+        before = dict(judge.spent)                  # the correctness draws' parts so far
         t0 = time.perf_counter()
         bad = timed.judge_windows(judge, outcome.windows, out, between=held.step_aside)
         rec.stages_s["judge_rechecks"] = round(time.perf_counter() - t0, 3)
+        _judge_parts(rec, before, judge.spent)
     finally:
         held.release()
         rec.stages_s["lane_step_aside"] = round(held.stepped_aside, 3)     # phase 1 and rechecks

@@ -78,11 +78,12 @@ class _Guard:
         self.send_code: Any = None
 
     def capture(self) -> None:
-        from mkb_eval.harness import attest, tensors, timing
+        from mkb_eval.harness import attest, tensors, timing, worker_phase2
 
         me = sys.modules[__name__]
         plan = [(Channel, ("send", "__init__")),
-                (me, ("run", "main", "_gpu_tier", "_correctness_draws", "serve_windows", "_cpu_tier")),
+                (me, ("run", "main", "_gpu_tier", "_correctness_draws", "serve_windows", "read_op", "_cpu_tier")),
+                (worker_phase2, ("serve_windows", "_event_draws", "read_op")),
                 (timing, ("time_draws", "_time_draws", "stream_time_ms", "l2_flusher", "cpu_probe_ms",
                           "collector_paused")),
                 (tensors, ("save", "snapshot", "walk", "digests", "digest", "to_device")),
