@@ -1,4 +1,7 @@
-"""CPU-tier artifact checks: CuTe DSL → sm_90a cubin; TIRx → CUDA source → cubin with nvcc when present."""
+"""CPU-tier artifact checks: CuTe DSL → sm_90a cubin; TIRx → CUDA source → cubin with nvcc when present.
+
+What counts as a DSL's artifacts is its spec's ``compiled_artifacts`` (:mod:`mkb_eval.dsl`); the nvcc
+step they may use is here."""
 
 from __future__ import annotations
 
@@ -7,21 +10,9 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-ARCH = "sm_90a"
+from mkb_eval.dsl import ARCH, get
 
-
-def _cuda_sources(exe: Any) -> list[str]:
-    """CUDA C++ of every device module in a TVM executable's import tree."""
-    out, stack, seen = [], [getattr(exe, "mod", exe)], 0
-    while stack and seen < 64:
-        m = stack.pop()
-        seen += 1
-        if m.kind == "cuda":
-            src = m.inspect_source()
-            if src:
-                out.append(src)
-        stack.extend(m.imports)
-    return out
+__all__ = ["ARCH", "check_artifacts", "nvcc_cubin"]
 
 
 def nvcc_cubin(source: str, work: Path, name: str, timeout: float = 180.0) -> dict[str, Any]:
@@ -42,19 +33,5 @@ def nvcc_cubin(source: str, work: Path, name: str, timeout: float = 180.0) -> di
 
 
 def check_artifacts(dsl: str, log: Any, dump_dir: Path) -> dict[str, Any]:
-    if dsl == "cutedsl":
-        cubins = sorted(dump_dir.rglob(f"*.{ARCH}.cubin"))
-        ptx = sorted(dump_dir.rglob(f"*.{ARCH}.ptx"))
-        if not cubins:
-            return {"error": f"no {ARCH} cubin was produced (files: {[p.name for p in dump_dir.rglob('*')][:10]})"}
-        return {"cubins": len(cubins), "cubin_bytes": sum(p.stat().st_size for p in cubins), "ptx": len(ptx)}
-    sources = [s for a in log.artifacts if a["dsl"] == "tirx" for s in _cuda_sources(a["executable"])]
-    if not sources:
-        return {"error": "no CUDA device module was produced by tvm.compile (is the target CUDA?)"}
-    res: dict[str, Any] = {"cuda_sources": len(sources), "cuda_source_bytes": sum(len(s) for s in sources)}
-    for k, src in enumerate(sources):
-        r = nvcc_cubin(src, dump_dir, f"tirx_{k}")
-        if "error" in r:
-            return {**res, "error": r["error"]}
-        res.setdefault("nvcc", []).append(r)
-    return res
+    """What the CPU tier's compile of ``dsl`` produced: its spec's ``compiled_artifacts``, given ``nvcc_cubin``."""
+    return get(dsl).compiled_artifacts(log, dump_dir, nvcc_cubin)

@@ -7,6 +7,7 @@ calls return without running anything (the DSL-dependence draw). The CPU tier us
 switch, since a compiled kernel cannot run without a GPU. The DSLs' compile entry points
 (``cute.compile``, ``tvm.compile``) call ``on_compile("start" | "end")`` around an outermost compile
 on the main thread when set: the worker uses it to hand its GPU lane back while it only compiles.
+What each DSL wraps is its spec's ``install_hooks`` (:mod:`mkb_eval.dsl`), given this module's helpers.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from mkb_eval.dsl import SPECS, Hooks, get
+
 _state = threading.local()
 
 
@@ -22,9 +25,9 @@ class LaunchLog:
     """Counts of DSL launches by DSL, and whether launches are being suppressed."""
 
     def __init__(self) -> None:
-        self.counts: dict[str, int] = {"cutedsl": 0, "tirx": 0}
+        self.counts: dict[str, int] = dict.fromkeys(SPECS, 0)
         self.suppressed = False
-        self.compiled: dict[str, int] = {"cutedsl": 0, "tirx": 0}
+        self.compiled: dict[str, int] = dict.fromkeys(SPECS, 0)
         self.artifacts: list[dict[str, Any]] = []
         self.on_compile: Callable[[str], None] | None = None
 
@@ -83,33 +86,6 @@ def _patch(cls: type, name: str, dsl: str) -> None:
     setattr(cls, name, _wrap_call(dsl, fn))
 
 
-def install_cutedsl() -> None:
-    """Wrap every call path of CuTe DSL compiled functions (plain, JitExecutor, tvm-ffi)."""
-    from cutlass.base_dsl import jit_executor as je
-
-    for cls in (je.JitCompiledFunction, je.JitExecutor):
-        _patch(cls, "__call__", "cutedsl")
-        _patch(cls, "run_compiled_program", "cutedsl")
-    from cutlass.cutlass_dsl import cuda_jit_executor as cj
-
-    _patch(cj.CudaDialectJitCompiledFunction, "__call__", "cutedsl")
-    try:
-        from cutlass.cutlass_dsl import tvm_ffi_provider as tp
-    except ImportError:  # tvm-ffi not installed: that path does not exist
-        return
-    for name in ("TVMFFIJitCompiledFunction", "TVMFFIJitCompiledFunctionWithKwargs", "TVMFFIJitCompiledFunctionBase"):
-        ffi_cls = getattr(tp, name, None)
-        if ffi_cls is not None:
-            _patch(ffi_cls, "__call__", "cutedsl")
-            _patch(ffi_cls, "run_compiled_program", "cutedsl")
-    # compiled functions are counted when created, to tell "never compiled" from "never called"
-    _count_creation(je.JitCompiledFunction, "cutedsl")
-    from cutlass.base_dsl.compiler import CompileCallable    # cute.compile and cute.compile[options]
-
-    if not getattr(CompileCallable._compile, "_mkb_observed", False):
-        CompileCallable._compile = compiling(CompileCallable._compile)  # type: ignore[method-assign]
-
-
 def _count_creation(cls: type, dsl: str) -> None:
     target: Any = cls           # its __init__ is read and replaced: mypy types neither on a class object
     init = target.__init__
@@ -124,95 +100,17 @@ def _count_creation(cls: type, dsl: str) -> None:
     target.__init__ = counted_init
 
 
-def _has_device_code(mod: Any) -> bool:
-    try:
-        stack, seen = [mod], 0
-        while stack and seen < 64:
-            m = stack.pop()
-            seen += 1
-            if m.kind in ("cuda", "cuda_source"):
-                return True
-            stack.extend(m.imports)
-    except Exception:  # noqa: BLE001 - a module the DSL's objects cannot walk is treated as holding no device code
-        return False
-    return False
-
-
-class _ObservedFunction:
-    """A TVM function of a module with CUDA device code; calls are counted (and may be suppressed)."""
-
-    __slots__ = ("_fn", "_call")
-
-    def __init__(self, fn: Any) -> None:
-        self._fn = fn
-        self._call = _wrap_call("tirx", fn)
-
-    def __call__(self, *args: Any) -> Any:
-        return self._call(*args)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._fn, name)
-
-
-def install_tirx() -> None:
-    """Wrap TVM module function lookups so functions of CUDA-bearing modules are observed."""
-    import tvm
-    import tvm_ffi
-
-    mod_cls = tvm_ffi.Module
-
-    def wrap_lookup(name: str) -> None:
-        orig = mod_cls.__dict__[name]
-        if getattr(orig, "_mkb_observed", False):
-            return
-
-        def lookup(self: Any, *args: Any, **kwargs: Any) -> Any:
-            fn = orig(self, *args, **kwargs)
-            if fn is not None and _has_device_code(self):
-                return _ObservedFunction(fn)
-            return fn
-
-        lookup._mkb_observed = True  # type: ignore[attr-defined]
-        setattr(mod_cls, name, lookup)
-
-    for name in ("__getattr__", "get_function", "__getitem__"):
-        if name in mod_cls.__dict__:
-            wrap_lookup(name)
-    if "__call__" in mod_cls.__dict__:
-        _patch(mod_cls, "__call__", "tirx")
-    _patch(tvm.runtime.Executable, "__call__", "tirx")
-
-    compile_fn = tvm.compile
-    if not getattr(compile_fn, "_mkb_observed", False):
-        def counted_compile(*args: Any, **kwargs: Any) -> Any:
-            LOG.compiled["tirx"] += 1
-            exe = compile_fn(*args, **kwargs)
-            LOG.artifacts.append({"dsl": "tirx", "executable": exe})
-            return exe
-
-        tvm.compile = compiling(counted_compile)
-
-
-_PRELOAD = {
-    "cutedsl": ("cutlass", "cutlass.cute", "cutlass.cute.runtime", "cuda.bindings.driver", "cutlass.utils",
-                "cutlass.pipeline", "cutlass.base_dsl.jit_executor", "cutlass.cutlass_dsl"),
-    "tirx": ("tvm", "tvm_ffi", "tvm.script"),
-}
+_HOOKS = Hooks(patch=_patch, wrap_call=_wrap_call, count_creation=_count_creation, compiling=compiling, log=LOG)
 
 
 def preload(dsl: str) -> None:
     """Import a toolchain's modules without observing anything (a warm worker, before its job)."""
     import importlib
 
-    for name in _PRELOAD[dsl]:
+    for name in get(dsl).preload:
         importlib.import_module(name)
 
 
 def install(dsl: str) -> None:
-    """Install the observers for one DSL (imports the DSL toolchain)."""
-    if dsl == "cutedsl":
-        install_cutedsl()
-    elif dsl == "tirx":
-        install_tirx()
-    else:
-        raise ValueError(f"unknown DSL '{dsl}'")
+    """Install the observers for one DSL (imports the DSL toolchain): its spec's ``install_hooks``."""
+    get(dsl).install_hooks(_HOOKS)
