@@ -12,6 +12,8 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from mkb_eval.dsl import SPECS
+
 # module prefixes → flag
 _IMPORT_FLAGS = {
     "triton": "triton",
@@ -67,6 +69,8 @@ _CALL_FLAGS = {
 _BUILTIN_FLAGS = {"setattr": "monkeypatch", "exec": "dynamic_code", "eval": "dynamic_code",
                   "compile": "dynamic_code", "__import__": "dynamic_code"}
 _NAMES = {"reference": "calls_reference", "make_inputs": "calls_make_inputs"}
+# packages whose attributes a candidate may not assign: torch and every DSL's toolchain
+_GUARDED = ("torch", *(m for s in SPECS.values() for m in s.toolchain))
 
 # flags that reject the submission; the rest are recorded for review
 FORBIDDEN = frozenset({
@@ -148,8 +152,8 @@ def check_source(source: str, filename: str = "kernel.py") -> PolicyResult:  # n
         if isinstance(node, ast.Assign):
             for t in node.targets:
                 tn = _dotted(t)
-                if tn.startswith(("torch.", "cutlass.", "tvm.")) or any(tn.startswith(a + ".") for a in aliases
-                                                                       if aliases[a].split(".")[0] in ("torch", "cutlass", "tvm")):
+                if tn.startswith(tuple(m + "." for m in _GUARDED)) or any(tn.startswith(a + ".") for a in aliases
+                                                                         if aliases[a].split(".")[0] in _GUARDED):
                     flag("monkeypatch", node, f"assigns {tn}")
                     if tn.endswith(("elapsed_time", "synchronize", "Event", "manual_seed", "randn", "rand", "randint")):
                         flag("timing_patch" if "seed" not in tn and "rand" not in tn else "rng_access", node, f"assigns {tn}")

@@ -263,7 +263,9 @@ def _probe(ids: tuple[int, int], code: Path) -> str:
     import subprocess
     import sys
 
-    mods = [m for m in ("cutlass", "tvm") if importlib.util.find_spec(m) is not None]
+    from mkb_eval.dsl import SPECS
+
+    mods = [m for s in SPECS.values() for m in s.toolchain if importlib.util.find_spec(m) is not None]
     probe_file = next((code / "problems").rglob("reference.py"), code / "mkb_eval" / "__init__.py")
     env = {**os.environ, "HOME": "/tmp", "PYTHONDONTWRITEBYTECODE": "1", "MKB_PROBE_MODULES": ",".join(mods),
            "MKB_PROBE_FILE": str(probe_file), "MKB_PROBE_CUDA": "1" if _has_gpu() else "0",

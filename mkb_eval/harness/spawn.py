@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mkb_eval.dsl import SPECS
 from mkb_eval.harness.channel import read_messages
 from mkb_eval.harness.forkserver import ForkServer, killpg
 from mkb_eval.harness.gate import GateSocket
@@ -321,19 +322,19 @@ def fail_from_worker(rec: VerificationRecord, w: Worker, how: str, timeout: floa
 
 def _eval_folder(prefix: str = "mkb-eval-") -> Path:
     root = Path(tempfile.mkdtemp(prefix=prefix))
-    for sub in ("work", "tmp", "out", "dump", "cache", "cute_cache", "tvm", "home"):
+    for sub in ("work", "tmp", "out", "dump", "cache", *(d for s in SPECS.values() for d in s.cache_dirs), "home"):
         (root / sub).mkdir()
     return root
 
 
 def _worker_env(tier: str, gpu: int, root: Path, limits: Limits) -> dict[str, str]:
-    """A worker's environment: scrubbed of secrets, its caches and temp files in its folder."""
-    tier_env = ({"CUTE_DSL_ARCH": "sm_90a", "CUTE_DSL_KEEP": "ptx,cubin", "CUTE_DSL_DUMP_DIR": str(root / "dump"),
-                 "CUDA_VISIBLE_DEVICES": ""} if tier == "cpu" else {"CUDA_VISIBLE_DEVICES": physical_gpu(gpu)})
+    """A worker's environment: scrubbed of secrets, its caches and temp files in its folder (each DSL's
+    variables from its spec)."""
+    dsl_env = {k: v for s in SPECS.values() for k, v in s.worker_env(root, tier).items()}
     return _scrubbed_env({
-        "TMPDIR": str(root / "tmp"), "CUTE_DSL_DISABLE_FILE_CACHING": "1", "CUTE_DSL_CACHE_DIR": str(root / "cute_cache"),
-        "XDG_CACHE_HOME": str(root / "cache"), "TVM_HOME": str(root / "tvm"), "HOME": str(root / "home"),
-        "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1", **tier_env,
+        "TMPDIR": str(root / "tmp"), "XDG_CACHE_HOME": str(root / "cache"), "HOME": str(root / "home"),
+        "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1", **dsl_env,
+        "CUDA_VISIBLE_DEVICES": "" if tier == "cpu" else physical_gpu(gpu),
     }, code_root(limits.sandbox.run_as))
 
 
@@ -351,10 +352,13 @@ def spawn_worker(tier: str, gpu: int, limits: Limits, preload: bool = False,
 
 def start_fork_server(tier: str, gpu: int, limits: Limits) -> ForkServer:
     """A fork server whose workers get what ``spawn_worker`` gives them (it imports in the background).
-    CuTe DSL fixes its dump folder on import: a relative one lands in each worker's own folder."""
+    Each DSL's spec adds its fork-server variables (CuTe DSL fixes its dump folder on import: a relative
+    one lands in each worker's own folder); torch answers ``cuda.is_available()`` through NVML, so an
+    import that asks (TVM's FFI does) leaves CUDA uninitialised before the fork."""
     folder = _eval_folder("mkb-forkserver-")
-    server = ForkServer({**_worker_env(tier, gpu, folder, limits), "CUTE_DSL_DUMP_DIR": "../dump",
-                         "PYTORCH_NVML_BASED_CUDA_CHECK": "1"}, folder)
+    fork_env = {k: v for s in SPECS.values() for k, v in s.fork_env.items()}
+    server = ForkServer({**_worker_env(tier, gpu, folder, limits), **fork_env, "PYTORCH_NVML_BASED_CUDA_CHECK": "1"},
+                        folder)
     server.gpu = host_gpu(gpu) if tier == "gpu" else "-"
     return server
 

@@ -46,11 +46,13 @@ def _check_guard(watch: Any, where: str) -> None:
 
 
 def _preload() -> None:
-    """A warm-pool worker imports torch and both toolchains while it waits for a job."""
+    """A warm-pool worker imports torch and every DSL's toolchain while it waits for a job."""
     import torch
     import torch._dynamo  # noqa: F401
 
-    for dsl in ("cutedsl", "tirx"):
+    from mkb_eval.dsl import SPECS
+
+    for dsl in SPECS:
         try:
             from mkb_eval.harness import observe
 

@@ -7,8 +7,10 @@ from __future__ import annotations
 import traceback
 from typing import Any
 
+from mkb_eval.dsl import SPECS
+
 # exceptions raised by these packages before any launch are compile errors
-_DSL_MODULES = ("cutlass", "tvm", "tvm_ffi", "mlir")
+_DSL_MODULES = tuple(m for s in SPECS.values() for m in s.error_modules)
 
 
 def classify(exc: BaseException, launched: bool) -> str:
