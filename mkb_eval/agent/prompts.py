@@ -19,11 +19,12 @@ from typing import Any
 
 import yaml
 
+from mkb_eval.dsl import SPECS
 from mkb_eval.frontmatter import split_front_matter
 
 from mkb_eval import problems as P
 
-DSL_DISPLAY = {"cutedsl": "CuTe DSL", "tirx": "TIRx"}
+DSL_DISPLAY = {name: s.display for name, s in SPECS.items()}
 KERNEL_BYTE_LIMIT = 300_000
 _FILES = {
     "task": "task.md",
@@ -31,8 +32,7 @@ _FILES = {
     "skill_header": "skill_header.md",
     "feedback": "feedback.md",
     "correction": "correction.md",
-    "card_cutedsl": "cards/cutedsl.md",
-    "card_tirx": "cards/tirx.md",
+    **{f"card_{name}": s.card for name, s in SPECS.items()},     # each DSL's card (its spec names the file)
 }
 
 

@@ -12,10 +12,11 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from mkb_eval.dsl import SPECS
 from mkb_eval.metrics.inputs import DIRECTIONS, DSLS
 
 VERDICTS = ("helped", "harmed", "neutral", "unresolved")
-DSL_DISPLAY = {"cutedsl": "CuTe DSL", "tirx": "TIRx"}
+DSL_DISPLAY = {name: s.display for name, s in SPECS.items()}
 
 
 class SkillError(ValueError):
