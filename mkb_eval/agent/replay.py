@@ -30,11 +30,13 @@ from typing import Any
 
 from mkb_eval import problems as P
 from mkb_eval.agent.generation import BackendError, Generation, Message, Sampling
+from mkb_eval.vocab import DSLS
 
 PREFIX = "replay:"
 MAX_REPLICATES = 256
-_TASK = re.compile(r"This is task `(\d{2,})_[a-z0-9_]+?_(cutedsl|tirx)`")
-_FOLDER_FILE = re.compile(r"^(\d{2,})_(cutedsl|tirx)(?:\.([a-z0-9_]+?))?(?:\.r(\d+))?\.(py|SKILL\.md)$")
+_DSL_RE = "|".join(DSLS)
+_TASK = re.compile(rf"This is task `(\d{{2,}})_[a-z0-9_]+?_({_DSL_RE})`")
+_FOLDER_FILE = re.compile(rf"^(\d{{2,}})_({_DSL_RE})(?:\.([a-z0-9_]+?))?(?:\.r(\d+))?\.(py|SKILL\.md)$")
 _SKILL_ARM = {"tirx": "cutedsl2tirx_skill", "cutedsl": "tirx2cutedsl_skill"}
 _SOLO_ARM = {"tirx": "solo_tirx", "cutedsl": "solo_cutedsl"}
 _DIRECTION_FROM = {"cutedsl": "cutedsl2tirx", "tirx": "tirx2cutedsl"}

@@ -10,7 +10,7 @@ from typing import Any
 import datasets
 import evaluate
 
-from mkb_eval.metrics.inputs import STATUSES, AttemptOutcome, InputError
+from mkb_eval.metrics.inputs import DSLS, STATUSES, AttemptOutcome, InputError
 from mkb_eval.metrics.ladder import score_attempts
 
 _CITATION = """\
@@ -133,8 +133,8 @@ def _verify(
     outcomes: list[AttemptOutcome] = []
     verdicts: list[dict[str, Any]] = []
     for i, (pid, d, src) in enumerate(zip(problem_id, dsl, kernel_source, strict=True)):
-        if d not in ("cutedsl", "tirx"):
-            raise ValueError(f"dsl[{i}]: expected 'cutedsl' or 'tirx', got {d!r}")
+        if d not in DSLS:
+            raise ValueError(f"dsl[{i}]: expected {' or '.join(map(repr, DSLS))}, got {d!r}")
         verdict = dict(verify_source(int(pid), d, src))
         timing = verdict.get("timing") or {}
         speedup = timing.get("speedup")
