@@ -19,10 +19,11 @@ def install_hooks(h: Hooks) -> None:
     from cutlass.cutlass_dsl import cuda_jit_executor as cj
 
     h.patch(cj.CudaDialectJitCompiledFunction, "__call__", "cutedsl")
+    tp: Any = None
     try:
         from cutlass.cutlass_dsl import tvm_ffi_provider as tp
-    except ImportError:  # tvm-ffi not installed: that path does not exist
-        return
+    except ImportError:  # tvm-ffi not installed: that call path does not exist (the counts below still apply)
+        pass
     for name in ("TVMFFIJitCompiledFunction", "TVMFFIJitCompiledFunctionWithKwargs", "TVMFFIJitCompiledFunctionBase"):
         ffi_cls = getattr(tp, name, None)
         if ffi_cls is not None:
