@@ -28,12 +28,12 @@ send any number. After them comes one **attested window** per evaluation:
 
 The attested per-call time is ``A = (window - K x commit) / K``, where ``commit`` (the row sums and
 their combination after the calls, per call) is measured by the trusted side running the same steps
-on the reference's outputs of the same shapes (``calibrate_window``). The digest's kernels run once before any window on both
-sides (``warm_digest``): CUDA loads a kernel on its first launch, and a first window carried that
-(0.6-0.9 ms per call on problem 28, every evaluation then re-timed). Recorded
-``kernel_ms = max(worker event median, A)``: nothing the worker reports can make it faster than what
-the parent saw. The eager baseline gets the same window in the
-trusted timer, so ``speedup = eager / kernel`` compares like with like.
+on the reference's outputs of the same shapes (``calibrate_window``). The digest's kernels run once
+before any window on both sides (``warm_digest``): CUDA loads a kernel on its first launch, and a
+first window carried that (0.6-0.9 ms per call on problem 28, every evaluation then re-timed).
+Recorded ``kernel_ms = max(worker event median, A)``: nothing the worker reports can make it faster
+than what the parent saw. The eager baseline gets the same window in the trusted timer, so
+``speedup = eager / kernel`` compares like with like.
 
 What the window does not stop, and what catches it:
 - Work moved *before* ``R`` (outputs computed while the inputs are made): the pre-window time is
