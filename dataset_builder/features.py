@@ -35,6 +35,27 @@ _TIMING = {
     "sol_fraction": V("float64"),
 }
 
+_JSON_VALUE = {"integer": "int32", "number": "float64", "string": "string", "boolean": "bool"}
+
+
+def _from_attempt_record(*names: str) -> dict[str, datasets.Value]:
+    """Columns copied from the attempt record, typed from its exported JSON Schema
+    (:mod:`mkb_eval.attempt_record`): a field whose type changes there changes the column with it."""
+    from mkb_eval.attempt_record import json_schema
+
+    props = json_schema()["properties"]
+    out = {}
+    for name in names:
+        prop = props[name]
+        kinds = [prop["type"]] if "type" in prop else [a.get("type") for a in prop.get("anyOf", [])]
+        kinds = [k for k in kinds if k and k != "null"]
+        if len(kinds) != 1 or kinds[0] not in _JSON_VALUE:
+            raise BuildError(f"attempt record field {name!r} has no single scalar JSON type ({prop}); "
+                             "it cannot be a dataset column as it is")
+        out[name] = V(_JSON_VALUE[kinds[0]])
+    return out
+
+
 FEATURES: dict[str, datasets.Features] = {
     "problems": datasets.Features({
         "problem_id": V("int32"),
@@ -145,24 +166,11 @@ FEATURES: dict[str, datasets.Features] = {
     }),
     "attempts": datasets.Features({
         "run": V("string"),
-        "model": V("string"),
-        "trial": V("string"),
-        "problem_id": V("int32"),
-        "problem": V("string"),
-        "family": V("string"),
-        "replicate": V("int32"),
-        "arm": V("string"),
-        "dsl": V("string"),
-        "direction": V("string"),
-        "status": V("string"),
+        **_from_attempt_record("model", "trial", "problem_id", "problem", "family", "replicate", "arm", "dsl",
+                               "direction", "status"),
         "passed": V("bool"),
-        "skipped": V("bool"),
-        "speedup": V("float64"),
-        "kernel_ms": V("float64"),
-        "eager_ms": V("float64"),
-        "error": V("string"),
-        "skill_sha256": V("string"),
-        "schema_version": V("int32"),
+        **_from_attempt_record("skipped", "speedup", "kernel_ms", "eager_ms", "error", "skill_sha256",
+                               "schema_version"),
         "kernel_source": V("string"),
         "kernel_sha256": V("string"),
         "skill_md": V("string"),

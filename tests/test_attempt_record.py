@@ -45,3 +45,14 @@ def test_the_committed_schema_is_current_and_agrees_with_the_model():
     jsonschema.validate(d, schema)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({**d, "arm": "solo_cuda"}, schema)
+
+
+def test_the_datasets_attempt_columns_take_their_types_from_the_schema():
+    from dataset_builder.features import FEATURES
+
+    f = FEATURES["attempts"]
+    want = {"problem_id": "int32", "replicate": "int32", "schema_version": "int32", "speedup": "float64",
+            "kernel_ms": "float64", "skipped": "bool", "status": "string", "direction": "string", "error": "string"}
+    assert {k: f[k].dtype for k in want} == want
+    props = A.json_schema()["properties"]
+    assert all(k in props for k in want)
