@@ -119,7 +119,17 @@ def schema_text() -> str:
     return json.dumps(json_schema(), indent=1, sort_keys=True) + "\n"
 
 
-if __name__ == "__main__":          # regenerate the committed schema
+VERIFICATION_SCHEMA_PATH = SCHEMA_PATH.with_name("verification.schema.json")
+
+
+def verification_schema_text() -> str:
+    from mkb_eval.records import verification_schema
+
+    return json.dumps(verification_schema(), indent=1, sort_keys=True) + "\n"
+
+
+if __name__ == "__main__":          # regenerate the committed schemas (attempt and verification records)
     SCHEMA_PATH.parent.mkdir(exist_ok=True)
     SCHEMA_PATH.write_text(schema_text())
-    print(f"wrote {SCHEMA_PATH.name}", file=sys.stderr)
+    VERIFICATION_SCHEMA_PATH.write_text(verification_schema_text())
+    print(f"wrote {SCHEMA_PATH.name}, {VERIFICATION_SCHEMA_PATH.name}", file=sys.stderr)

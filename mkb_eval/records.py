@@ -88,13 +88,50 @@ class VerificationRecord:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> VerificationRecord:
-        version = d.get("schema_version")
-        if version != SCHEMA_VERSION:
-            raise ValueError(f"verification record has schema_version {version!r}; this toolkit reads {SCHEMA_VERSION}")
-        d = dict(d)
-        d["timing"] = Timing(**d.get("timing", {}))
-        return cls(**d)
+    def from_dict(cls, d: dict[str, Any], where: str = "record") -> VerificationRecord:
+        """A record from its JSON object, validated field by field (:func:`parse_verification`)."""
+        return parse_verification(d, where)
+
+
+_ADAPTER: list[Any] = []
+
+
+def _adapter() -> Any:
+    """The pydantic validator of VerificationRecord (built on first use: pydantic is not imported by every
+    command): strict about unknown fields, in the record and in its timing."""
+    if not _ADAPTER:
+        from pydantic import ConfigDict, TypeAdapter
+
+        for c in (VerificationRecord, Timing):
+            setattr(c, "__pydantic_config__", ConfigDict(extra="forbid"))  # noqa: B010 - pydantic reads this attribute
+        _ADAPTER.append(TypeAdapter(VerificationRecord))
+    return _ADAPTER[0]
+
+
+def parse_verification(d: Any, where: str = "record") -> VerificationRecord:
+    """A verification record from its JSON object; ValueError naming ``where`` and every bad field (a
+    newer or older ``schema_version``, an unknown status or field, a value of the wrong type)."""
+    from pydantic import ValidationError
+
+    if not isinstance(d, dict):
+        raise ValueError(f"{where}: a verification record must be a JSON object, got {type(d).__name__}")
+    if d.get("schema_version") != SCHEMA_VERSION:
+        raise ValueError(f"{where}: verification record has schema_version {d.get('schema_version')!r}; "
+                         f"this toolkit reads {SCHEMA_VERSION}")
+    if d.get("status") not in STATUSES:
+        raise ValueError(f"{where}: unknown status {d.get('status')!r} (one of {', '.join(STATUSES)})")
+    try:
+        rec: VerificationRecord = _adapter().validate_python(d)
+    except ValidationError as e:
+        bad = "; ".join(f"{'.'.join(str(x) for x in err['loc']) or '(record)'}: {err['msg']}" for err in e.errors())
+        raise ValueError(f"{where}: not a valid verification record: {bad}") from None
+    return rec
+
+
+def verification_schema() -> dict[str, Any]:
+    """The JSON Schema of a verification record (``mkb_eval/schemas/verification.schema.json``)."""
+    schema: dict[str, Any] = _adapter().json_schema()
+    return schema
 
 
 class StoreError(OSError):

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from mkb_eval.problems import DSLS, Problem
+from mkb_eval.records import parse_verification
 
 VERIFICATION_FILE = "verification.jsonl"
 SOURCE_FILE = "verification.source.json"
@@ -189,6 +190,7 @@ def read_set(path: Path) -> list[dict[str, Any]]:
         missing = [k for k in REQUIRED if k not in rec]
         if missing:
             raise ValueError(f"{path}:{n}: record lacks {', '.join(missing)}")
+        parse_verification(rec, f"{path}:{n}")          # every field of the set's records is what it says
         out.append(rec)
     return out
 

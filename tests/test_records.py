@@ -60,3 +60,36 @@ def test_verification_record_round_trip_and_version_check():
         assert "schema_version 99" in str(e)
     else:
         raise AssertionError("a newer schema was accepted")
+
+
+def test_verification_records_parse_strictly_and_the_schema_is_current():
+    """Every committed curated record parses into a VerificationRecord; a wrong type, an unknown field or status,
+    another schema version is refused with the field named; the exported schema is current and agrees."""
+    import json
+    from pathlib import Path
+
+    import jsonschema
+    import pytest
+
+    from mkb_eval import attempt_record
+    from mkb_eval.records import VerificationRecord, parse_verification
+
+    root = Path(__file__).resolve().parents[1]
+    lines = (root / "results" / "h200" / "verification.jsonl").read_text().splitlines()
+    recs = [json.loads(x) for x in lines if x.strip()]
+    assert len(recs) == 148
+    for d in recs:
+        rec = parse_verification(d, "curated")
+        assert isinstance(rec, VerificationRecord) and rec.timing.kernel_ms == d["timing"]["kernel_ms"]
+    d = recs[0]
+    with pytest.raises(ValueError, match=r"timing.kernel_ms"):
+        parse_verification({**d, "timing": {**d["timing"], "kernel_ms": "fast"}}, "x")
+    with pytest.raises(ValueError, match=r"colour"):
+        parse_verification({**d, "colour": 1}, "x")
+    with pytest.raises(ValueError, match=r"^x: unknown status 'great'"):
+        parse_verification({**d, "status": "great"}, "x")
+    with pytest.raises(ValueError, match=r"schema_version 2"):
+        VerificationRecord.from_dict({**d, "schema_version": 2})
+    path = attempt_record.VERIFICATION_SCHEMA_PATH
+    assert path.read_text() == attempt_record.verification_schema_text(), "regenerate: python -m mkb_eval.attempt_record"
+    jsonschema.validate(d, json.loads(path.read_text()))

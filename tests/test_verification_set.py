@@ -42,9 +42,12 @@ def test_the_committed_set_verifies_every_shipped_kernel_at_its_current_hashes()
 
 
 def _rec(p: P.Problem, dsl: str, created: str, **kw) -> dict:
+    from mkb_eval.records import VerificationRecord
+
     sha = V.shipped_hashes([p])[(p.id, dsl)][1]
-    return {"kind": "verification", "tier": "gpu", "problem_id": p.id, "dsl": dsl, "problem_hash": p.hash,
-            "kernel_sha256": sha, "status": "ok", "created_at": created, **kw}
+    rec = VerificationRecord(status="ok", problem_id=p.id, problem=p.name, problem_hash=p.hash, dsl=dsl,
+                             kernel_sha256=sha, tier="gpu", size="full", created_at=created).to_dict()
+    return {**rec, **kw}
 
 
 def test_choose_takes_the_newest_full_sweep_and_names_stale_records():
