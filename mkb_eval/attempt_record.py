@@ -12,15 +12,15 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from mkb_eval.records import SCHEMAS, VERIFICATION_SCHEMA_PATH, validation_errors, verification_schema_text
 from mkb_eval.vocab import Arm, AttemptStatus, Direction, Dsl, Family, Tier
 
 SCHEMA_VERSION = 1
-SCHEMA_PATH = Path(__file__).with_name("schemas") / "attempt.schema.json"
+SCHEMA_PATH = SCHEMAS / "attempt.schema.json"
 
 
 class _Strict(BaseModel):
@@ -107,8 +107,8 @@ def parse(d: Any, where: str = "record") -> AttemptRecord:
     try:
         return AttemptRecord.model_validate(d)
     except ValidationError as e:
-        bad = "; ".join(f"{'.'.join(str(x) for x in err['loc']) or '(record)'}: {err['msg']}" for err in e.errors())
-        raise ValueError(f"{where}: not a valid attempt record (schema_version {SCHEMA_VERSION}): {bad}") from None
+        raise ValueError(f"{where}: not a valid attempt record (schema_version {SCHEMA_VERSION}): "
+                         f"{validation_errors(e)}") from None
 
 
 def json_schema() -> dict[str, Any]:
@@ -117,15 +117,6 @@ def json_schema() -> dict[str, Any]:
 
 def schema_text() -> str:
     return json.dumps(json_schema(), indent=1, sort_keys=True) + "\n"
-
-
-VERIFICATION_SCHEMA_PATH = SCHEMA_PATH.with_name("verification.schema.json")
-
-
-def verification_schema_text() -> str:
-    from mkb_eval.records import verification_schema
-
-    return json.dumps(verification_schema(), indent=1, sort_keys=True) + "\n"
 
 
 if __name__ == "__main__":          # regenerate the committed schemas (attempt and verification records)

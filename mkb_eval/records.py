@@ -123,15 +123,27 @@ def parse_verification(d: Any, where: str = "record") -> VerificationRecord:
     try:
         rec: VerificationRecord = _adapter().validate_python(d)
     except ValidationError as e:
-        bad = "; ".join(f"{'.'.join(str(x) for x in err['loc']) or '(record)'}: {err['msg']}" for err in e.errors())
-        raise ValueError(f"{where}: not a valid verification record: {bad}") from None
+        raise ValueError(f"{where}: not a valid verification record: {validation_errors(e)}") from None
     return rec
+
+
+def validation_errors(e: Any) -> str:
+    """A pydantic ValidationError as one line: each bad field's path and what is wrong with it."""
+    return "; ".join(f"{'.'.join(str(x) for x in err['loc']) or '(record)'}: {err['msg']}" for err in e.errors())
+
+
+SCHEMAS = Path(__file__).with_name("schemas")
+VERIFICATION_SCHEMA_PATH = SCHEMAS / "verification.schema.json"
 
 
 def verification_schema() -> dict[str, Any]:
     """The JSON Schema of a verification record (``mkb_eval/schemas/verification.schema.json``)."""
     schema: dict[str, Any] = _adapter().json_schema()
     return schema
+
+
+def verification_schema_text() -> str:
+    return json.dumps(verification_schema(), indent=1, sort_keys=True) + "\n"
 
 
 class StoreError(OSError):

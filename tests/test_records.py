@@ -71,8 +71,7 @@ def test_verification_records_parse_strictly_and_the_schema_is_current():
     import jsonschema
     import pytest
 
-    from mkb_eval import attempt_record
-    from mkb_eval.records import VerificationRecord, parse_verification
+    from mkb_eval.records import VERIFICATION_SCHEMA_PATH, VerificationRecord, parse_verification, verification_schema_text
 
     root = Path(__file__).resolve().parents[1]
     lines = (root / "results" / "h200" / "verification.jsonl").read_text().splitlines()
@@ -90,6 +89,6 @@ def test_verification_records_parse_strictly_and_the_schema_is_current():
         parse_verification({**d, "status": "great"}, "x")
     with pytest.raises(ValueError, match=r"schema_version 2"):
         VerificationRecord.from_dict({**d, "schema_version": 2})
-    path = attempt_record.VERIFICATION_SCHEMA_PATH
-    assert path.read_text() == attempt_record.verification_schema_text(), "regenerate: python -m mkb_eval.attempt_record"
+    path = VERIFICATION_SCHEMA_PATH
+    assert path.read_text() == verification_schema_text(), "regenerate: python -m mkb_eval.attempt_record"
     jsonschema.validate(d, json.loads(path.read_text()))

@@ -155,11 +155,17 @@ def combine(parts: Sequence[Sequence[tuple[Any, Any]]], key: int) -> list[list[l
     return res
 
 
-def digest(value: Any, key: int) -> list[list[int]]:
-    """The commitment of one output (every tensor in it, in ``tensors.walk`` order)."""
+def commitments(outs: Sequence[Any], key: int) -> list[list[list[int]]]:
+    """The commitment of each output (every tensor in it, in ``tensors.walk`` order): the row sums, then
+    their combination in one batch per shape."""
     from mkb_eval.harness.tensors import walk
 
-    return combine([[row_sums(t) for t in walk(value)]], key)[0]
+    return combine([[row_sums(t) for t in walk(out)] for out in outs], key)
+
+
+def digest(value: Any, key: int) -> list[list[int]]:
+    """The commitment of one output."""
+    return commitments([value], key)[0]
 
 
 # -- records of one window ----------------------------------------------------------------------
@@ -281,7 +287,6 @@ def worker_window(fd: int, op: dict[str, Any], make: Callable[[int], list[Any]],
                   sync: Callable[[], None]) -> tuple[list[Any], list[list[list[int]]]]:
     """The worker's part of one window, after it received ``op``: make the sets, ``R``, the K calls
     back to back, the digests. Returns (outputs, digests) and has sent the digests."""
-    from mkb_eval.harness.tensors import walk
     from mkb_eval.harness.timing import collector_paused
 
     key = int(op["key"])
@@ -293,7 +298,7 @@ def worker_window(fd: int, op: dict[str, Any], make: Callable[[int], list[Any]],
         os.write(fd, READY)
         outs = [solve(*inputs) for inputs in sets]          # back to back, no sync between calls
         sync()
-        digests = combine([[row_sums(t) for t in walk(out)] for out in outs], key)
+        digests = commitments(outs, key)
         os.write(fd, json.dumps({"digests": digests}).encode())
     del sets
     return outs, digests
@@ -358,13 +363,13 @@ def calibrate_window(fn: Callable[..., Any], make: Callable[[int], list[Any]], s
         outs = [fn(*inputs) for inputs in sets]
         sync()
         t_calls = time.perf_counter()
-        combine([[row_sums(t) for t in walk(out)] for out in outs], key)
+        commitments(outs, key)
         t4 = time.perf_counter()
         commits = [t4 - t_calls]
         del sets
         for _ in range(2):
             s = time.perf_counter()
-            combine([[row_sums(t) for t in walk(out)] for out in outs], key)
+            commitments(outs, key)
             commits.append(time.perf_counter() - s)
         del outs
     k = len(seeds)

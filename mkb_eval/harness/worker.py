@@ -89,7 +89,7 @@ class _Guard:
                 (timing, ("time_draws", "_time_draws", "stream_time_ms", "l2_flusher", "cpu_probe_ms",
                           "collector_paused")),
                 (tensors, ("save", "snapshot", "walk", "digests", "digest", "to_device")),
-                (attest, ("worker_window", "row_sums", "combine", "_weights", "_words", "warm_allocator", "warm_digest")),
+                (attest, ("worker_window", "commitments", "row_sums", "combine", "_weights", "_words", "warm_allocator", "warm_digest")),
                 (os, ("write", "read", "_exit")), (json, ("dumps", "loads"))]
         for owner, names in plan:
             for name in names:
