@@ -231,7 +231,7 @@ def test_the_window_protocol_end_to_end_with_the_judge(tmp_path):
         assert st.window_ms >= 5 * 2.0                         # the parent's clock saw every call's sleep
         cal = judge.time_window(st.seeds, st.key)
         assert cal.calls == 5 and cal.make_ms > 0 and cal.commit_ms >= 0 and cal.attested_ms >= 0
-        assert attest.attested_ms(st, cal) >= 1.9 and cal.commit_ms * 5 < 0.1 * st.window_ms   # the sums: a sliver
+        assert attest.attested_ms(st, cal) >= 1.9           # the commitment's cost subtracted, the sleeps remain
         assert timed.judge_windows(judge, [st], tmp_path) is None
         assert {"inputs", "reference", "read_output", "compare", "digest"} <= set(judge.spent)   # where judging goes
         # an output that differs from what was committed at the window's end is incorrect
