@@ -194,7 +194,8 @@ def _retimer(opts: RunOptions, run_dir: Path, problems: list[P.Problem], tier: s
     lanes = pool.lanes if pool is not None else None
     r = Retimer(run_dir, {p.id: p for p in problems}, tier, model=model,
                 settings=RetimeSettings(rounds=opts.retime_rounds), lanes=lanes,
-                pool=pool.warm if pool is not None else None, retime_fn=retime_fn, log=log)
+                pool=pool.warm if pool is not None else None, retime_fn=retime_fn, log=log,
+                defer=tier == "gpu")      # on a GPU: after the run's verifications, with the host quiet
     stack.callback(r.close)
     return r
 

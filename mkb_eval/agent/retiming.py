@@ -7,6 +7,8 @@ skill arms: every unit's source, base and skill) are re-timed together by
 ``mkb_eval.harness.retime.retime``: interleaved rounds on one GPU, one timing window per kernel per
 round, the order alternated round by round. One re-timing serves both directions' units, so each
 kernel has one re-timed time however many units it is part of.
+On a GPU the re-timings start when the run's verifications are done, and their timed rounds take
+the host quiet one group at a time (:mod:`mkb_eval.harness.quiet`).
 
 Each result is one line of ``<run>/retime.jsonl`` keyed by the group and its kernels' hashes; a
 group already there (same kernels, rounds and tier) is not re-timed again, so a run killed in the
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import os
 import threading
 import traceback
 from collections.abc import Callable, Iterable, Mapping
@@ -28,13 +31,15 @@ from pathlib import Path
 from typing import Any
 
 from mkb_eval import problems as P
+from mkb_eval.harness.quiet import QuietHost
 from mkb_eval.records import append_jsonl, read_jsonl
 
 RETIME_FILE = "retime.jsonl"
-RETIME_VERSION = 1
+RETIME_VERSION = 2          # 2: timed rounds with the host quiet (harness.quiet) and after the run's verifications
 RETIMABLE = ("ok", "unverified")
 DEFAULT_ROUNDS = 5
-GROUPS_PER_GPU = 3          # re-timings in flight per GPU (their timed rounds take turns)
+GROUPS_PER_GPU = 4          # re-timings in flight per GPU: their start and checks overlap, their timed rounds take turns
+CORES_PER_GROUP = 4         # a group starts and compiles up to four workers at once
 
 
 @dataclass(frozen=True)
@@ -152,16 +157,21 @@ RetimeFn = Callable[..., Any]
 
 
 class Retimer:
-    """Re-times groups as they become ready, beside the run's verifications (one at a time per GPU).
+    """Re-times groups as they become ready, or, with ``defer``, once :meth:`start` (or :meth:`wait`) is
+    called: a run on the GPU defers them until its verifications are done, so nothing but other
+    re-timings shares the host with them, and the re-timings share one :class:`QuietHost`, so their
+    timed rounds run with the host quiet (the A/A on the H200: end-to-end times beside compiling
+    workers varied 2-13% over a kernel's rounds).
 
     ``retime_fn`` defaults to ``mkb_eval.harness.retime.retime`` (imported when first needed);
     tests inject a fake with the same signature. On the GPU tier each re-timing takes the least
-    busy GPU's lane, whose exclusive hold the re-timing takes for each of its timing windows.
+    busy GPU's lane, whose exclusive hold the re-timing takes for its timed rounds.
     """
 
     def __init__(self, run_dir: Path, problems: Mapping[int, P.Problem], tier: str, *, model: str,
                  settings: RetimeSettings | None = None, lanes: Any = None, pool: Any = None, limits: Any = None,
-                 retime_fn: RetimeFn | None = None, log: Callable[[str], None] = print) -> None:
+                 retime_fn: RetimeFn | None = None, log: Callable[[str], None] = print, defer: bool = False) -> None:
+
         self.run_dir, self.problems, self.tier, self.model = Path(run_dir), problems, tier, model
         self.settings = settings or RetimeSettings()
         self.lanes, self.warm, self.limits = lanes, pool, limits
@@ -170,10 +180,14 @@ class Retimer:
         self._done = done_keys(self.run_dir)
         self._inflight: dict[str, Future[None]] = {}
         self._lock = threading.Lock()
+        self.quiet = QuietHost() if tier == "gpu" else None
+        self._deferred: dict[str, RetimeGroup] | None = {} if defer else None
         n = len(lanes) if lanes is not None else 1
-        # a group's workers start, compile and pass their sanity draw outside the lane's exclusive hold:
-        # a few groups per GPU in flight overlap that with another group's timed rounds
-        self._pool = ThreadPoolExecutor(max_workers=max(1, n) * GROUPS_PER_GPU, thread_name_prefix="mkb-retime")
+        # a group's workers start, compile and pass their sanity draw as busy work: a few groups in flight
+        # overlap that; their timed rounds then take the quiet host one group at a time
+        cap = max(2, (os.cpu_count() or 1) // CORES_PER_GROUP)
+        self._pool = ThreadPoolExecutor(max_workers=min(max(1, n) * GROUPS_PER_GPU, cap),
+                                        thread_name_prefix="mkb-retime")
         self.stored = 0
         self.skipped_done = 0
         self.failed: list[str] = []
@@ -193,10 +207,21 @@ class Retimer:
             if key in self._done:
                 self.skipped_done += 1
                 return False
-            if key in self._inflight:
+            if key in self._inflight or (self._deferred is not None and key in self._deferred):
                 return False
-            self._inflight[key] = self._pool.submit(self._run, group, key)
+            if self._deferred is not None:
+                self._deferred[key] = group
+            else:
+                self._inflight[key] = self._pool.submit(self._run, group, key)
         return True
+
+    def start(self) -> int:
+        """Start the deferred re-timings (and re-time later groups as they come); how many started."""
+        with self._lock:
+            pending, self._deferred = self._deferred or {}, None
+            for key, group in pending.items():
+                self._inflight[key] = self._pool.submit(self._run, group, key)
+        return len(pending)
 
     def _run(self, group: RetimeGroup, key: str) -> None:
         import time
@@ -211,10 +236,10 @@ class Retimer:
             if self.lanes is not None:
                 with self.lanes.least_busy() as lane:
                     result = fn(problem, kernels, rounds=s.rounds, warmup=s.warmup, draws=s.draws, gpu=lane.index,
-                                lane=lane, limits=self.limits, pool=self.warm, seed=seed)
+                                lane=lane, limits=self.limits, pool=self.warm, seed=seed, quiet=self.quiet)
             else:
                 result = fn(problem, kernels, rounds=s.rounds, warmup=s.warmup, draws=s.draws, gpu=0, lane=None,
-                            limits=self.limits, pool=self.warm, seed=seed)
+                            limits=self.limits, pool=self.warm, seed=seed, quiet=self.quiet)
         except ModuleNotFoundError as e:       # a checkout without the harness's re-timing
             self.failed.append(f"{group.id}: {e}")
             if len(self.failed) == 1:
@@ -239,7 +264,8 @@ class Retimer:
             self.gpu_s += wall
 
     def wait(self) -> None:
-        """Block until every queued re-timing has ended (stored or failed)."""
+        """Start what was deferred, then block until every queued re-timing has ended (stored or failed)."""
+        self.start()
         while True:
             with self._lock:
                 futs = list(self._inflight.values())

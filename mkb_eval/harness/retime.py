@@ -3,7 +3,8 @@ comparison are re-timed side by side, not taken from evaluations made minutes ap
 
 One fresh worker per kernel (the same worker, sandbox and fork-server path as ``verify``, in job mode
 ``retime``): compiled and sanity-checked once (one correctness draw, judged), then ``rounds`` rounds
-under ONE exclusive hold of the GPU's lane, each round one timed window per kernel (event draws and a
+under ONE exclusive hold of the GPU's lane (and, when the caller shares a :mod:`~mkb_eval.harness.quiet` hold
+between its re-timings, with the host quiet), each round one timed window per kernel (event draws and a
 parent-attested window, :mod:`mkb_eval.harness.attest`), the order alternated round by round. Each
 window gets its own verdict (re-timed once when in doubt, as in ``verify``) and one output of its
 attested window re-checked. On the CPU tier every window is ``unverified``: nothing is timed.
@@ -21,6 +22,7 @@ from typing import Any
 from mkb_eval import problems as P
 from mkb_eval.env import describe
 from mkb_eval.harness import attest, timed
+from mkb_eval.harness.quiet import LOUD
 
 
 @dataclass
@@ -81,11 +83,13 @@ class _Side:
 
 def retime(problem: P.Problem | str | int, kernels: dict[str, tuple[str, Path]], *, rounds: int = 5,
            warmup: int = 5, draws: int = 20, gpu: int = 0, lane: Any = None, limits: Any = None, pool: Any = None,
-           seed: int | None = None) -> RetimeResult:
+           seed: int | None = None, quiet: Any = None) -> RetimeResult:
     """Re-time kernels {label: (dsl, kernel.py)} interleaved: one fresh worker per kernel, compiled once and
     sanity-checked once (1 correctness draw judged), then `rounds` rounds under ONE exclusive hold of the GPU
     lane, each round one timed window per kernel, the order alternated round by round (A B, B A, ... with a
-    seeded shuffle for >2 labels). Never raises for candidate faults (a failed kernel gets status windows)."""
+    seeded shuffle for >2 labels). With ``quiet`` (a :class:`~mkb_eval.harness.quiet.QuietHost` shared by the
+    process's re-timings), starting, checking and judging are its busy sections and the timed rounds its quiet
+    one. Never raises for candidate faults (a failed kernel gets status windows)."""
     import torch
 
     prob = problem if isinstance(problem, P.Problem) else P.find(problem)
@@ -110,69 +114,54 @@ def retime(problem: P.Problem | str | int, kernels: dict[str, tuple[str, Path]],
                    for r, order in enumerate(orders) for pos, label in enumerate(order)]
         stages["total"] = round(time.perf_counter() - t_start, 3)
         return RetimeResult(prob.id, labels, windows, env, stages, tier)
-    return _retime_gpu(prob, kernels, orders, warmup, draws, gpu, lane, limits, pool, env, stages, t_start)
+    return _retime_gpu(prob, kernels, orders, warmup, draws, gpu, lane, limits, pool, env, stages, t_start,
+                       quiet or LOUD)
 
 
 def _retime_gpu(prob: P.Problem, kernels: dict[str, tuple[str, Path]], orders: list[list[str]], warmup: int,
                 draws: int, gpu: int, lane: Any, limits: Any, pool: Any, env: dict, stages: dict[str, float],
-                t_start: float) -> RetimeResult:
+                t_start: float, quiet: Any) -> RetimeResult:
     import torch
 
-    from mkb_eval.harness.jobs import make_job
     from mkb_eval.harness.judge import Judge
     from mkb_eval.harness.lanes import GpuLane
-    from mkb_eval.harness.policy import check_source
-    from mkb_eval.harness.spawn import Limits, host_gpu, spawn_worker
+    from mkb_eval.harness.spawn import Limits, host_gpu
 
     limits = limits or Limits()
     lane = lane or GpuLane(gpu)
-    judge = Judge(prob, "full", f"cuda:{gpu}")
     sides = {label: _Side(label, dsl, Path(path)) for label, (dsl, path) in kernels.items()}
-    jobs: dict[str, dict[str, Any]] = {}
     results: list[RetimeWindow] = []
-    t0 = time.perf_counter()
     try:
-        for side in sides.values():                      # start every worker first: imports overlap
-            pol = check_source(Path(side.path).read_text(errors="replace"), side.path.name)
-            if pol.violations or {"syntax_error", "missing_solve"} & set(pol.flags):
-                side.failed = "policy_violation" if pol.violations else "compile_error"
-                side.message = "; ".join(pol.details)
-                continue
-            w = (pool.take("gpu", gpu, limits) if pool is not None else None) or spawn_worker("gpu", gpu, limits)
-            side.worker = w
-            shutil.copyfile(side.path, w.root / "work" / "kernel.py")
-            jobs[side.label] = make_job(prob, side.dsl, w.root, "gpu", "full", "cuda:0", gpu,
-                                        user=w.limits.sandbox.run_as, mode="retime")
-            w.start(jobs[side.label])
-        for side in sides.values():
-            if side.worker is not None:
-                _sanity(side, jobs[side.label], judge, lane, limits)
-        stages["start_and_check"] = round(time.perf_counter() - t0, 3)
-        t0 = time.perf_counter()
+        with quiet.busy() as waited:                     # start, compile, check: beside other busy work
+            stages["busy_wait"] = round(waited, 3)
+            t0 = time.perf_counter()
+            judge = Judge(prob, "full", f"cuda:{gpu}")
+            jobs = _start_sides(prob, sides, gpu, limits, pool)
+            for side in sides.values():
+                if side.worker is not None:
+                    _sanity(side, jobs[side.label], judge, lane, limits)
+            stages["start_and_check"] = round(time.perf_counter() - t0, 3)
         l2 = int(getattr(torch.cuda.get_device_properties(gpu), "L2_cache_size", 0) or 0)
         calls = attest.window_calls(*judge.io_bytes, l2) if judge.io_bytes else attest.WINDOW_CALLS
         cpu = next((j["timing_cpu"] for j in jobs.values()), None)
         ref = timed.Reference(prob, "full", judge, lane.timer, cpu, reuse=True)
-        with lane.exclusive():
-            stages["timing_lane_wait"] = round(time.perf_counter() - t0, 3)
+        with quiet.quiet() as waited:                    # the timed rounds: nothing else of the process runs
+            stages["quiet_wait"] = round(waited, 3)
             t0 = time.perf_counter()
-            for r, order in enumerate(orders):
-                for pos, label in enumerate(order):
-                    results.append(_one_window(sides[label], r, pos, warmup, draws, calls, ref, limits,
-                                               prob.sol.sol_ms))
-            stages["timed_rounds"] = round(time.perf_counter() - t0, 3)
-            for side in sides.values():
-                if side.worker is not None:
-                    side.worker.kill()
+            with lane.exclusive():
+                stages["timing_lane_wait"] = round(time.perf_counter() - t0, 3)
+                t0 = time.perf_counter()
+                for r, order in enumerate(orders):
+                    for pos, label in enumerate(order):
+                        results.append(_one_window(sides[label], r, pos, warmup, draws, calls, ref, limits,
+                                                   prob.sol.sol_ms))
+                stages["timed_rounds"] = round(time.perf_counter() - t0, 3)
+                for side in sides.values():
+                    if side.worker is not None:
+                        side.worker.kill()
         t0 = time.perf_counter()
-        with lane.shared():
-            for win in results:
-                side = sides[win.label]
-                stamps = next((s for s in side.windows if s.tag == f"r{win.round}"), None)
-                if win.status == "ok" and stamps is not None:
-                    bad = timed.judge_windows(judge, [stamps], side.worker.root / "out")
-                    if bad:
-                        win.status, win.kernel_ms, win.message = "incorrect", None, bad
+        with quiet.busy(), lane.shared():
+            _judge_rounds(judge, sides, results)
         stages["judge"] = round(time.perf_counter() - t0, 3)
     finally:
         for side in sides.values():
@@ -181,6 +170,42 @@ def _retime_gpu(prob: P.Problem, kernels: dict[str, tuple[str, Path]], orders: l
                 shutil.rmtree(side.worker.root, ignore_errors=True)
     stages["total"] = round(time.perf_counter() - t_start, 3)
     return RetimeResult(prob.id, list(kernels), results, {**env, "gpu_index": host_gpu(gpu)}, stages, "gpu")
+
+
+def _start_sides(prob: P.Problem, sides: dict[str, _Side], gpu: int, limits: Any,
+                 pool: Any) -> dict[str, dict[str, Any]]:
+    """A worker per kernel that passes the static policy, all started before any is waited for (their
+    imports overlap); the jobs by label. A kernel the policy refuses is marked failed instead."""
+    from mkb_eval.harness.jobs import make_job
+    from mkb_eval.harness.policy import check_source
+    from mkb_eval.harness.spawn import spawn_worker
+
+    jobs: dict[str, dict[str, Any]] = {}
+    for side in sides.values():
+        pol = check_source(Path(side.path).read_text(errors="replace"), side.path.name)
+        if pol.violations or {"syntax_error", "missing_solve"} & set(pol.flags):
+            side.failed = "policy_violation" if pol.violations else "compile_error"
+            side.message = "; ".join(pol.details)
+            continue
+        w = (pool.take("gpu", gpu, limits) if pool is not None else None) or spawn_worker("gpu", gpu, limits)
+        side.worker = w
+        shutil.copyfile(side.path, w.root / "work" / "kernel.py")
+        jobs[side.label] = make_job(prob, side.dsl, w.root, "gpu", "full", "cuda:0", gpu,
+                                    user=w.limits.sandbox.run_as, mode="retime")
+        w.start(jobs[side.label])
+    return jobs
+
+
+def _judge_rounds(judge: Any, sides: dict[str, _Side], results: list[RetimeWindow]) -> None:
+    """Each ok window's re-checked output against the reference and its commitment; a mismatch makes
+    the window ``incorrect`` (its time is dropped)."""
+    for win in results:
+        side = sides[win.label]
+        stamps = next((s for s in side.windows if s.tag == f"r{win.round}"), None)
+        if win.status == "ok" and stamps is not None:
+            bad = timed.judge_windows(judge, [stamps], side.worker.root / "out")
+            if bad:
+                win.status, win.kernel_ms, win.message = "incorrect", None, bad
 
 
 def _sanity(side: _Side, job: dict[str, Any], judge: Any, lane: Any, limits: Any) -> None:

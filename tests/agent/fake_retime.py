@@ -55,10 +55,16 @@ class FakeRetime:
 
     def __call__(self, problem: Any, kernels: dict[str, tuple[str, Path]], *, rounds: int = 5, warmup: int = 5,
                  draws: int = 20, gpu: int = 0, lane: Any = None, limits: Any = None, pool: Any = None,
-                 seed: int | None = None) -> RetimeResult:
+                 seed: int | None = None, quiet: Any = None) -> RetimeResult:
+        alone = None
+        if quiet is not None:                  # the harness's sections: start and check busy, the rounds quiet
+            with quiet.busy():
+                pass
+            with quiet.quiet():
+                alone = quiet.busy_now == 0
         with self._lock:
             self.calls.append({"problem_id": problem.id, "labels": sorted(kernels), "rounds": rounds, "gpu": gpu,
-                               "lane": lane, "seed": seed})
+                               "lane": lane, "seed": seed, "quiet_alone": alone})
         if problem.id in self.fail_on:
             raise RuntimeError(f"fake harness failure re-timing problem {problem.id}")
         rng = random.Random(seed)

@@ -159,9 +159,12 @@ def test_gpu_run_shares_baselines_and_verifies_an_identical_kernel_once(tmp_path
         measured.append((problem.id, compiled))
         return 2.0 if compiled else 4.0
 
-    fake = FakeRetime(speed=lambda label, sha: 0.5)
+    verified_before: list[int] = []            # verifications done when each re-timed window was timed
+    fake = FakeRetime(speed=lambda label, sha: verified_before.append(len(calls)) or 0.5)
     run_trials(_opts(run, "28,36", device="cuda", gpus=1), verify_fn=_fake_verify(calls), retime_fn=fake,
                baseline_measure=measure)
+    assert verified_before and min(verified_before) == 4           # re-timed after the run's verifications
+    assert [c["quiet_alone"] for c in fake.calls] == [True, True]  # and with the host quiet
     assert sorted(measured) == [(28, False), (28, True), (36, False), (36, True)]
     assert len(calls) == 4                                         # 8 trials, 4 distinct kernels
     assert all(c["compile_baseline"] == "cached" and c["reuse_eager"] is True and
