@@ -72,13 +72,13 @@ def print_record(rec: Any) -> None:
                 f"SOL {_fmt(t.sol_ms)} ms ({_fmt(t.sol_fraction, '.2f')} of SOL)")
     if rec.flags:
         c.print(f"  flags: {', '.join(rec.flags)}")
-    if rec.artifacts:
-        c.print(f"  artifacts: {json.dumps({k: v for k, v in rec.artifacts.items() if k != 'after_launch_error'})}",
-                markup=False)
+    arts = {k: v for k, v in rec.artifacts.to_dict().items() if k != "after_launch_error"}
+    if arts:
+        c.print(f"  artifacts: {json.dumps(arts)}", markup=False)
     c.print(f"  stages (s): {json.dumps(rec.stages_s)}", markup=False)
     env = rec.env
-    c.print(f"  env: {env.get('gpu', 'no GPU')} · driver {env.get('driver', '-')} · torch {env.get('torch')} · "
-            f"cutlass-dsl {env.get('cutlass_dsl')} · tvm {env.get('tvm')}", markup=False)
+    c.print(f"  env: {env.gpu or 'no GPU'} · driver {env.driver or '-'} · torch {env.torch} · "
+            f"cutlass-dsl {env.cutlass_dsl} · tvm {env.tvm}", markup=False)
 
 
 def problem_ids(spec: str) -> set[int]:

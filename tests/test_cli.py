@@ -1,6 +1,7 @@
 import json
 
 from mkb_eval.cli import main
+from mkb_eval.records import SCHEMA_VERSION
 
 
 def test_problems_list_and_show(capsys):
@@ -21,7 +22,7 @@ def test_verify_cpu_tier_json(capsys, tmp_path):
     out = tmp_path / "r.jsonl"
     rc = main(["verify", "--problem", "36", "--dsl", "tirx", "--tier", "cpu", "--json", "--out", str(out)])
     rec = json.loads(capsys.readouterr().out)
-    assert rc == 0 and rec["status"] == "unverified" and rec["schema_version"] == 1
+    assert rc == 0 and rec["status"] == "unverified" and rec["schema_version"] == SCHEMA_VERSION
     assert rec["problem_hash"] and rec["kernel_sha256"] and rec["env"]["tvm"]
     assert json.loads(out.read_text().splitlines()[0])["status"] == "unverified"
 

@@ -20,7 +20,7 @@ def eager_baseline(rec: VerificationRecord, prob: P.Problem, size: str, cache_di
 
     if not reuse:
         return measure()
-    ms, cached, _ = baseline_cached(prob, size, rec.env, cache_dir, measure, kind="eager")
+    ms, cached, _ = baseline_cached(prob, size, rec.env.to_dict(), cache_dir, measure, kind="eager")
     if ms is None:                    # a cached entry without a time (eager failures are not cached): time it here
         return measure()
     if cached:
@@ -37,7 +37,7 @@ def time_compile_baseline(rec: VerificationRecord, prob: P.Problem, size: str, t
         return
     t0 = time.perf_counter()
     t.compile_ms, t.compile_cached, err = baseline_cached(
-        prob, size, rec.env, cache_dir,
+        prob, size, rec.env.to_dict(), cache_dir,
         None if compile_baseline == "cached" else lambda: ref.event_ms(warmup, timing_seeds, compiled=True))
     if err:
         rec.flags.append("compile_baseline_failed")

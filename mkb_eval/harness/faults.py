@@ -161,7 +161,7 @@ def run_fault(fault: Fault, tier: str, folder: Path, pool: WarmPool | None = Non
         rec = verify(p28, "cutedsl", kernel, tier=tier, limits=limits, compile_baseline=False, pool=pool)
     finally:
         listener.close()
-    left = int(rec.sandbox.get("leftover_processes", "0"))
+    left = int(rec.sandbox.leftover_processes or "0")
     ok_status = rec.status in fault.expect
     mentions = fault.must_mention.lower() in (rec.message or "").lower()
     reached = listener.accepted

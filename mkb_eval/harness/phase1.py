@@ -62,17 +62,19 @@ def judge_phase1(rec: VerificationRecord, judge: Any, job: dict[str, Any], msg: 
             reused = " (inputs refilled in the previous draw's buffers)" if d["draw"] in REUSE_DRAWS else ""
             rec.status, rec.stage = "incorrect", "correctness"
             rec.message = f"correctness draw {d['draw'] + 1} of {CORRECTNESS_DRAWS}{reused}: {bad}"
-            rec.correctness.update(draws_passed=d["draw"], max_error=bad.max_error, allowance=bad.allowance)
+            c = rec.correctness
+            c.draws_passed, c.max_error, c.allowance = d["draw"], bad.max_error, bad.allowance
             return False
     addrs = [tuple(d["addresses"]) for d in msg["draws"]]
-    rec.correctness.update(draws_passed=CORRECTNESS_DRAWS, launches=[d["launches"] for d in msg["draws"]],
-                           distinct_input_addresses=len(set(addrs)))
+    c = rec.correctness
+    c.draws_passed, c.launches = CORRECTNESS_DRAWS, [d["launches"] for d in msg["draws"]]
+    c.distinct_input_addresses = len(set(addrs))
     t0 += between()
     if msg["nodsl"] == "returned" and judge.check(job["nodsl_seed"], out / "nodsl.pt") is None:
         rec.status, rec.stage = "no_dsl_kernel", "dsl_dependence"
         rec.message = ("the output is still correct with every DSL launch suppressed and free memory poisoned: "
                        "the DSL kernel does not compute the result")
         return False
-    rec.correctness["dsl_dependence"] = f"fails without the DSL ({msg['nodsl']})"
+    c.dsl_dependence = f"fails without the DSL ({msg['nodsl']})"
     rec.stages_s["judge_correctness"] = round(time.perf_counter() - t0, 3)
     return True

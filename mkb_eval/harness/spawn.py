@@ -26,7 +26,7 @@ from mkb_eval.harness.gate import GateSocket
 from mkb_eval.harness.lanes import physical_gpu
 from mkb_eval.harness.procs import session_usage
 from mkb_eval.harness.sandbox import Sandbox, SandboxConfig, code_root, pythonpath_first
-from mkb_eval.records import VerificationRecord
+from mkb_eval.records import VerificationRecord, artifacts_from_worker
 
 OUTPUT_TAIL = 4000
 _SECRET_ENV = ("TOKEN", "SECRET", "PASSWORD", "API_KEY", "ACCESS_KEY", "CREDENTIAL")
@@ -310,7 +310,7 @@ def fail_from_worker(rec: VerificationRecord, w: Worker, how: str, timeout: floa
         rec.status, rec.stage, rec.message = m["status"], m.get("stage", ""), m.get("message", "")
         rec.flags = sorted(set(rec.flags) | set(m.get("flags", [])))
         if m.get("artifacts"):
-            rec.artifacts = m["artifacts"]
+            rec.artifacts = artifacts_from_worker(m["artifacts"])
     elif how == "timeout":
         rec.status, rec.stage = "timeout", w.last_stage()
         rec.message = f"kernel evaluation hung during {rec.stage}, killed after {timeout:.0f}s"

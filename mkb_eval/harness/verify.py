@@ -36,7 +36,7 @@ from mkb_eval.harness.phase1 import judge_phase1, run_phase1
 from mkb_eval.harness.policy import check_source
 from mkb_eval.harness.redact import redact_paths
 from mkb_eval.harness.spawn import Limits, Worker, fail_from_worker, host_gpu, spawn_worker, stage_times, tail
-from mkb_eval.records import VerificationRecord
+from mkb_eval.records import Env, SandboxFacts, VerificationRecord, artifacts_from_worker
 
 __all__ = ["Limits", "default_cache_dir", "spawn_worker", "verify", "verify_source", "warn_unconfined"]
 
@@ -77,7 +77,7 @@ def verify(problem: P.Problem | str | int, dsl: str, kernel: str | Path, *, tier
         status="crashed", problem_id=prob.id, problem=prob.name, problem_hash=prob.hash, dsl=dsl,
         kernel_sha256=hashlib.sha256(source.encode()).hexdigest(), tier=tier, size=size,
         created_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        env={**describe(gpu=tier == "gpu"), **({"gpu_index": host_gpu(gpu)} if tier == "gpu" else {})})
+        env=Env(**describe(gpu=tier == "gpu"), gpu_index=host_gpu(gpu) if tier == "gpu" else None))
     pol = check_source(source, kernel.name)
     rec.flags, rec.policy_details = list(pol.flags), list(pol.details)
     if {"syntax_error", "missing_solve"} & set(pol.flags):
@@ -112,15 +112,15 @@ def verify(problem: P.Problem | str | int, dsl: str, kernel: str | Path, *, tier
 _WARNED: list[str] = []
 
 
-def warn_unconfined(facts: dict[str, str]) -> None:
+def warn_unconfined(facts: SandboxFacts) -> None:
     """Warn once per process when a worker could write outside its evaluation folder (no Landlock)."""
-    ow = facts.get("outside_write", "unknown")
+    ow = facts.outside_write or "unknown"
     if _WARNED or ow in ("denied", "unknown") or ow.startswith("denied"):
         return
     _WARNED.append(ow)
     import warnings
 
-    warnings.warn(f"the worker could write outside its evaluation folder ({facts.get('confinement', '?')}): "
+    warnings.warn(f"the worker could write outside its evaluation folder ({facts.confinement or '?'}): "
                   "candidate code runs with this user's rights on files; see the record's sandbox facts",
                   RuntimeWarning, stacklevel=3)
 
@@ -147,7 +147,7 @@ def _run_cpu(rec: VerificationRecord, prob: P.Problem, dsl: str, w: Worker, limi
     judge = Judge(prob, "smoke", "cpu")
     ref, _ = judge.expected(judge.inputs(job["correctness_seeds"][0]))   # reference and anchor at smoke size
     rec.stages_s["reference_smoke"] = round(time.perf_counter() - t0, 3)
-    rec.correctness["reference_smoke"] = "ok"
+    rec.correctness.reference_smoke = "ok"
     del torch
     w.start(job)
     try:
@@ -167,17 +167,17 @@ def _run_cpu(rec: VerificationRecord, prob: P.Problem, dsl: str, w: Worker, limi
             rec.status, rec.stage = "unverified", "compile_only"
             rec.message = (f"compiled for sm_90a on CPU ({msg.get('launches', 0)} launch(es) intercepted); "
                            "correctness and speed need a GPU")
-            rec.artifacts = msg.get("artifacts", {})
+            rec.artifacts = artifacts_from_worker(msg.get("artifacts", {}))
             rec.stages_s.update(import_s=round(msg.get("import_s", 0.0), 3), compile_s=round(msg.get("compile_s", 0.0), 3))
             if msg.get("after_launch_error"):
-                rec.artifacts["after_launch_error"] = msg["after_launch_error"][-1000:]
+                rec.artifacts.after_launch_error = str(msg["after_launch_error"])[-1000:]
         else:
             fail_from_worker(rec, w, how, limits.cpu_s)
     finally:
         w.kill()
         rec.stdout_tail, rec.stderr_tail = tail(w.stdout), tail(w.stderr)
         rec.stages_s.update(stage_times(w))
-        rec.sandbox = w.facts()
+        rec.sandbox = SandboxFacts(**w.facts())
 
 
 def _judge_parts(rec: VerificationRecord, correctness: dict[str, float], spent: dict[str, float]) -> None:
@@ -229,7 +229,7 @@ def _run_gpu(rec: VerificationRecord, prob: P.Problem, dsl: str, w: Worker, size
         w.kill()
         rec.stdout_tail, rec.stderr_tail = tail(w.stdout), tail(w.stderr)
         rec.stages_s.update(stage_times(w))
-        rec.sandbox = w.facts()
+        rec.sandbox = SandboxFacts(**w.facts())
     held.waited = 0.0
     held.acquire()
     try:

@@ -132,10 +132,10 @@ def test_records_of_another_kernel_are_not_joined(tmp_path: Path):
     res = tmp_path / "results" / "h200"
     res.mkdir(parents=True)
     p = P.find(28)
-    from mkb_eval.records import Timing, VerificationRecord
+    from mkb_eval.records import Env, Timing, VerificationRecord
 
     rec = VerificationRecord(status="ok", problem_id=28, problem=p.name, problem_hash=p.hash, dsl="tirx",
-                             kernel_sha256="f" * 64, tier="gpu", size="full", env={"gpu": "NVIDIA H200"},
+                             kernel_sha256="f" * 64, tier="gpu", size="full", env=Env(gpu="NVIDIA H200"),
                              timing=Timing(kernel_ms=0.1)).to_dict()
     (res / "verification.jsonl").write_text(json.dumps(rec) + "\n" + json.dumps({**rec, "tier": "cpu"}) + "\n")
     rows = [r for r in solution_rows([p], read_results(tmp_path / "results")) if r["dsl"] == "tirx"]

@@ -55,7 +55,7 @@ def test_cheat_gets_its_status_on_the_cpu_tier(p28, name):
     if name == "cheat_tensor_subclass.py":
         assert not Path("/tmp/mkb-evil-unpickled").exists()
     if confine.abi()[0]:
-        assert rec.sandbox["outside_write"] == "denied", rec.sandbox
+        assert rec.sandbox.outside_write == "denied", rec.sandbox
 
 
 @pytest.mark.skipif(not confine.abi()[0], reason="no Landlock here")
@@ -65,9 +65,9 @@ def test_a_forked_worker_is_confined_too(p28):
     with WarmPool(fork=True) as pool:
         pool.fill("cpu", 0, LIMITS)
         rec = verify(p28, "cutedsl", _wrong(p28) / "cheat_escape_write.py", tier="cpu", pool=pool, limits=LIMITS)
-    assert "forked" in rec.sandbox["worker"], rec.sandbox
+    assert "forked" in rec.sandbox.worker, rec.sandbox
     assert rec.status == "runtime_error" and "PermissionError" in rec.message, rec.message[-1500:]
-    assert rec.sandbox["outside_write"] == "denied"
+    assert rec.sandbox.outside_write == "denied"
 
 
 def test_the_gpu_judge_turns_hostile_output_files_into_mismatches(p28, tmp_path):

@@ -150,13 +150,14 @@ def test_confinement_off_or_missing_is_said(monkeypatch, tmp_path):
 
 def test_an_unconfined_worker_is_warned_about_once(monkeypatch):
     from mkb_eval.harness import verify as V
+    from mkb_eval.records import SandboxFacts
 
     monkeypatch.setattr(V, "_WARNED", [])
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        V.warn_unconfined({"outside_write": "denied"})
-        V.warn_unconfined({"outside_write": "allowed", "confinement": "unavailable: x"})
-        V.warn_unconfined({"outside_write": "allowed", "confinement": "unavailable: x"})
+        V.warn_unconfined(SandboxFacts(outside_write="denied"))
+        V.warn_unconfined(SandboxFacts(outside_write="allowed", confinement="unavailable: x"))
+        V.warn_unconfined(SandboxFacts(outside_write="allowed", confinement="unavailable: x"))
     assert len(seen) == 1 and "outside its evaluation folder" in str(seen[0].message)
 
 

@@ -35,7 +35,8 @@ WRONG = [(p, path, status) for p in loadable() if p.wrong_solutions()
 def keep(rec, **extra):
     out = os.environ.get("MKB_GPU_RECORDS")
     if out:
-        append_jsonl(out, {**rec.to_dict(), **extra})
+        rec.labels.update(extra)
+        append_jsonl(out, rec.to_dict())
     return rec
 
 
@@ -43,7 +44,7 @@ def keep(rec, **extra):
 def test_solution_passes(problem, dsl):
     rec = keep(verify(problem, dsl, problem.solution_path(dsl)), test="solution")
     assert rec.status == "ok", f"{rec.status} at {rec.stage}: {rec.message[-3000:]}"
-    assert rec.timing.kernel_ms > 0 and rec.timing.eager_ms > 0 and rec.timing.host_call_ms > 0 and rec.env["gpu"]
+    assert rec.timing.kernel_ms > 0 and rec.timing.eager_ms > 0 and rec.timing.host_call_ms > 0 and rec.env.gpu
     assert rec.timing.cpu_probe_ms > 0
     assert "implausible_time" not in rec.flags and not rec.timing.prewindow_excess_ms[-1] > 0
     t = rec.timing          # the recorded time is never faster than the parent's clock saw

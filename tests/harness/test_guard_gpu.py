@@ -25,11 +25,11 @@ def test_a_solution_passes_confined_and_the_escape_fails(fork):
                      compile_baseline=False)
     assert good.status == "ok", f"{good.status} at {good.stage}: {good.message[-2000:]}\n{good.stderr_tail[-2000:]}"
     assert bad.status == "runtime_error" and "PermissionError" in bad.message, bad.message[-1500:]
-    assert ("forked" in good.sandbox["worker"]) == fork, good.sandbox
-    if good.sandbox["confinement"].startswith("unavailable: CUDA does not initialise"):
+    assert ("forked" in good.sandbox.worker) == fork, good.sandbox
+    if good.sandbox.confinement.startswith("unavailable: CUDA does not initialise"):
         # the H200 hosts (scripts/diagnostics/confine_cuda_probe.py): the record says so, and it is no pass
-        assert good.sandbox["outside_write"] == "allowed", good.sandbox
+        assert good.sandbox.outside_write == "allowed", good.sandbox
         pytest.xfail("Landlock is dropped on this host: CUDA does not initialise under its rules")
     if confine.abi()[0]:
-        assert good.sandbox["outside_write"] == bad.sandbox["outside_write"] == "denied", good.sandbox
-        assert good.sandbox["confinement"].startswith("landlock ABI"), good.sandbox
+        assert good.sandbox.outside_write == bad.sandbox.outside_write == "denied", good.sandbox
+        assert good.sandbox.confinement.startswith("landlock ABI"), good.sandbox
