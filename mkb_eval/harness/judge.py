@@ -52,7 +52,7 @@ class Judge:
         self.size = size
         self.device = device
         self.io_bytes: tuple[int, int] | None = None     # (input, reference output) bytes of one draw
-        # seconds spent per part of ``check`` (inputs, reference, read_output, compare, digest), summed over
+        # seconds spent per part of ``check`` (inputs, input_digests, reference, read_output, compare, digest), summed over
         # its calls: where the parent's judging goes (the re-checks took 6 s an evaluation in a sweep)
         self.spent: dict[str, float] = {}
         _load_linalg(device)
@@ -97,7 +97,8 @@ class Judge:
         with self._spend("inputs"):
             inputs = self.inputs(seed)
         if worker_digests is not None:
-            expected = tensors.digests(inputs)
+            with self._spend("input_digests"):
+                expected = tensors.digests(inputs)
             if len(worker_digests) != len(expected):     # the worker's report is untrusted: every input is checked
                 return Mismatch("input", f"the worker reported {len(worker_digests)} input digests for {len(expected)} inputs")
             for pos, (after, before) in enumerate(zip(worker_digests, expected, strict=True)):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import secrets
 import statistics
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -120,6 +121,8 @@ class Reference:
     timer: Any = None
     cpu: int | None = None
     reuse: bool = False        # one calibration for every window (a re-timing: same shapes, same K)
+    share: bool = False        # a first window may take the calibration another evaluation of the problem made
+    shared: bool = field(default=False, init=False)      # whether the last window's calibration was shared
     _cal: WindowCalibration | None = field(default=None, init=False, repr=False)
 
     def event_ms(self, warmup: list[int], timing: list[int], compiled: bool = False) -> float:
@@ -131,17 +134,42 @@ class Reference:
     def window(self, stamps: WindowStamps) -> WindowCalibration:
         """The trusted calibration of a window like ``stamps`` (its seeds, its key). With ``reuse`` the
         first one serves every later window of as many calls: the make and commitment costs depend on
-        the shapes, not on the seeds, and the reference is not timed again for nothing."""
+        the shapes, not on the seeds, and the reference is not timed again for nothing. With ``share`` (a
+        sweep that reuses the eager time) a first window takes the calibration of an earlier evaluation of
+        the same problem, size, GPU and K in this process: the trusted side's numbers, the same for every
+        kernel of the problem (the other DSL's evaluation no longer re-runs the reference's window in its
+        timing lane); a re-time always calibrates afresh."""
         cal = self._cal
-        if self.reuse and cal is not None and cal.calls == stamps.calls and cal.commit_ms * cal.calls < stamps.window_ms:
-            return cal                # (a commitment as long as the whole window would be a bad calibration)
+        if self.reuse and cal is not None and _fits(cal, stamps):
+            return cal
+        key = (self.prob.hash, self.size, self.judge.device, stamps.calls)
+        if self.share and cal is None and (kept := _SHARED.get(key)) is not None and _fits(kept, stamps):
+            self._cal, self.shared = kept, True
+            return kept
         if self.timer is not None:
             cal = self.timer.window(self.prob.path, self.size, stamps.seeds, stamps.key, self.cpu)
         else:
             with cores.pinned(self.cpu):
                 cal = self.judge.time_window(stamps.seeds, stamps.key)
-        self._cal = cal
+        self._cal, self.shared = cal, False
+        if self.share:
+            with _SHARED_LOCK:        # (a sweep's evaluations are threads of one process)
+                _SHARED.pop(key, None)
+                _SHARED[key] = cal    # the newest (a re-time's fresh one replaces the first window's)
+                while len(_SHARED) > SHARED_CALIBRATIONS:
+                    _SHARED.pop(next(iter(_SHARED)))
         return cal
+
+
+SHARED_CALIBRATIONS = 256     # problems x sizes x GPUs x K kept: a few numbers each
+_SHARED: dict[tuple[str, str, str, int], WindowCalibration] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def _fits(cal: WindowCalibration, stamps: WindowStamps) -> bool:
+    """A calibration of as many calls that can serve ``stamps`` (a commitment as long as the whole
+    window would be a bad calibration: then the window is calibrated afresh)."""
+    return cal.calls == stamps.calls and cal.commit_ms * cal.calls < stamps.window_ms
 
 
 @dataclass
@@ -204,17 +232,21 @@ def attested_phase(w: Any, ref: Reference, events: dict[str, Any], calls: int, t
     event_ms = float(statistics.median(times))
     device_ms = events.get("device_ms")
     eager_event: list[float] = []
+    shared_first: list[bool] = []
 
     def eager_and_its_window(first: WindowStamps) -> WindowCalibration:
         t0 = time.perf_counter()
         eager_event.append(eager(lambda: ref.event_ms(warmup, timing)))
         cal = ref.window(first)
+        shared_first.append(ref.shared)
         stages["eager_baseline"] = round(time.perf_counter() - t0, 3)
         return cal
 
     wins, verdict = attest_kernel(w, ref, calls, ("win0", "win1"), timeout, event_ms, sol_ms, device_ms,
                                   calibrate_first=eager_and_its_window, stages=stages)
-    eager_att = wins.calibrations[0].attested_ms      # measured here every time, cached event time or not
+    eager_att = wins.calibrations[0].attested_ms      # this evaluation's or, shared, the problem's first
+    if shared_first and shared_first[0]:
+        verdict.flags.append("window_calibration_shared")
     eager_ms = max(eager_event[0], eager_att)
     t = Timing(kernel_ms=verdict.kernel_ms, worker_event_ms=event_ms, attested_ms=verdict.attested_ms,
                attested_windows_ms=[round(x, 5) for x in wins.attested], window_calls=calls,

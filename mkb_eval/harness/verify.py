@@ -235,9 +235,9 @@ def _run_gpu(rec: VerificationRecord, prob: P.Problem, dsl: str, w: Worker, size
     try:
         rec.stages_s["recheck_lane_wait"] = round(held.waited, 3)
         before = dict(judge.spent)                  # the correctness draws' parts so far
-        t0 = time.perf_counter()
+        t0, aside = time.perf_counter(), held.stepped_aside
         bad = timed.judge_windows(judge, outcome.windows, out, between=held.step_aside)
-        rec.stages_s["judge_rechecks"] = round(time.perf_counter() - t0, 3)
+        rec.stages_s["judge_rechecks"] = round(time.perf_counter() - t0 - (held.stepped_aside - aside), 3)   # judging only
         _judge_parts(rec, before, judge.spent)
     finally:
         held.release()
@@ -287,7 +287,7 @@ def _timed_phase(rec: VerificationRecord, prob: P.Problem, judge: Any, job: dict
     l2 = int(getattr(torch.cuda.get_device_properties(gpu), "L2_cache_size", 0) or 0)
     io = judge.io_bytes                   # (input, reference output) bytes of a draw, once a draw was judged
     calls = attest.window_calls(io[0], io[1], l2) if io is not None else attest.WINDOW_CALLS
-    ref = timed.Reference(prob, size, judge, lane.timer, job["timing_cpu"])
+    ref = timed.Reference(prob, size, judge, lane.timer, job["timing_cpu"], share=reuse_eager)
 
     def eager(measure: Callable[[], float]) -> float:
         return eager_baseline(rec, prob, size, cache_dir, reuse_eager, measure)

@@ -343,3 +343,40 @@ def test_the_attested_phase_records_what_the_parent_saw_and_rejects_a_forged_rep
         timed.finish(fw, timeout=0.1)
     finally:
         fw.gate.close()
+
+
+def test_a_sweeps_first_windows_share_the_problems_calibration_and_a_re_time_calibrates_afresh(monkeypatch):
+    """With ``share`` a first window takes the calibration an earlier evaluation of the same problem, size,
+    GPU and K made (the timer is not asked again); not one that would fill the window, not across K or
+    problems, never for a re-time; without ``share`` every evaluation calibrates; the store is bounded."""
+    monkeypatch.setattr(timed, "_SHARED", {})
+    asked = []
+
+    class Timer:
+        def window(self, path, size, seeds, key, cpu):
+            asked.append(seeds[0])
+            return WindowCalibration(calls=len(seeds), make_ms=1.0, make_host_ms=0.5, commit_ms=0.01,
+                                     window_ms=5.0, attested_ms=0.3)
+
+    judge = SimpleNamespace(device="cuda:0")
+
+    def stamps(seed, calls=4, span_ms=20):
+        return WindowStamps(calls=calls, sent_ns=0, ready_ns=MS, done_ns=(1 + span_ms) * MS, seeds=[seed] * calls)
+
+    p, q = P.find(28), P.find(1)
+    first = timed.Reference(p, "full", judge, Timer(), share=True)
+    assert first.window(stamps(1)) and not first.shared and asked == [1]
+    second = timed.Reference(p, "full", judge, Timer(), share=True)
+    assert second.window(stamps(2)).make_ms == 1.0 and second.shared and asked == [1]
+    second.window(stamps(3))                                # a re-time of the same evaluation
+    assert asked == [1, 3] and not second.shared
+    for ref, st in ((timed.Reference(p, "full", judge, Timer(), share=True), stamps(4, calls=8)),
+                    (timed.Reference(q, "full", judge, Timer(), share=True), stamps(5)),
+                    (timed.Reference(p, "full", judge, Timer()), stamps(6)),
+                    (timed.Reference(p, "full", judge, Timer(), share=True), stamps(7, span_ms=0.01))):
+        ref.window(st)
+    assert asked == [1, 3, 4, 5, 6, 7]
+    monkeypatch.setattr(timed, "SHARED_CALIBRATIONS", 2)
+    timed.Reference(P.find(2), "full", judge, Timer(), share=True).window(stamps(8))
+    assert len(timed._SHARED) == 2
+

@@ -92,3 +92,42 @@ def test_reference_numerics_stays_strict_until_the_last_concurrent_user_leaves()
         assert torch.get_float32_matmul_precision() == "high"
     finally:
         torch.set_float32_matmul_precision(before)
+
+
+def _compare_masked(out, ref, anchor, factor=3.0):
+    """The rule written out with masks on every path (what the one-read-back common case must equal)."""
+    o, a, r = out.double(), anchor.double(), ref.double()
+    fin = torch.isfinite(a)
+    if not bool(fin.all()) and not bool(((o[~fin] == a[~fin]) | (o[~fin].isnan() & a[~fin].isnan())).all()):
+        return "special"
+    if bool((~torch.isfinite(o) & fin).any()):
+        return "nonfinite"
+    if not bool(fin.any()):
+        return None
+    err, ref_err = float((o - a)[fin].abs().max()), float((r - a)[fin].abs().max())
+    allowance = factor * max(ref_err, torch.finfo(out.dtype).eps * float(a[fin].abs().max()))
+    return "over" if err > allowance else None
+
+
+def test_the_fast_path_decides_as_the_masked_rule():
+    """All finite (one read back) or not (the masked path): the same verdict as the rule with masks,
+    over random outputs near, at and beyond the allowance, with inf and nan in the output or anchor."""
+    g = torch.Generator().manual_seed(5)
+    for case in range(300):
+        anchor = torch.randn(64, generator=g, dtype=torch.float64)
+        ref = (anchor + 1e-3 * torch.randn(64, generator=g, dtype=torch.float64)).float()
+        out = (anchor + [0.0, 1e-3, 4e-3, 1e-2][case % 4] * torch.randn(64, generator=g, dtype=torch.float64)).float()
+        if case % 5 == 1:
+            out[case % 64] = [math.inf, math.nan][case % 2]
+        if case % 7 == 2:
+            anchor[3] = ref[3] = -math.inf
+            out[3] = -math.inf if case % 3 else 0.0
+        if case % 11 == 3:
+            anchor[:] = math.nan
+        bad, want = compare(out, ref, anchor), _compare_masked(out, ref, anchor)
+        kind = None if bad is None else ("special" if "not reproduced" in bad.reason else
+                                         "nonfinite" if "non-finite values" in bad.reason else "over")
+        assert kind == want, (case, bad)
+    assert compare(torch.empty(0), torch.empty(0), torch.empty(0, dtype=torch.float64)) is None
+    bad = compare(t(1.0, 5.0), t(1.0, 2.0), t(1.0, 2.0, dtype=torch.float64))
+    assert bad is not None and "1 of 2 elements over" in bad.reason
