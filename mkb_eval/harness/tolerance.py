@@ -188,7 +188,18 @@ def _compare_tensor(out: torch.Tensor, ref: torch.Tensor, anchor: torch.Tensor, 
         if a.numel() else (0.0, 0.0, 0.0)
     if not (math.isfinite(err) and math.isfinite(scale)):
         return _compare_nonfinite(o, r, a, out.dtype, factor, path)
+    if not math.isfinite(ref_err):
+        ref_err = _reference_error(r, a, None)
     return _within(o, a, err, ref_err, scale, out.dtype, factor, path)
+
+
+def _reference_error(r: torch.Tensor, a: torch.Tensor, a_fin: torch.Tensor | None) -> float:
+    """The reference's largest error against the anchor where it is finite. Where the reference itself
+    is nan or inf and the anchor is finite, its error says nothing of the allowance: counted, a nan made
+    the allowance nan and an inf made it infinite, and either let any output pass."""
+    d = (r - a).abs()
+    ok = torch.isfinite(d) if a_fin is None else torch.isfinite(d) & a_fin
+    return float(d[ok].max()) if bool(ok.any()) else 0.0
 
 
 def _within(o: torch.Tensor, a: torch.Tensor, err: float, ref_err: float, scale: float, dtype: torch.dtype,
@@ -220,7 +231,7 @@ def _compare_nonfinite(o: torch.Tensor, r: torch.Tensor, a: torch.Tensor, dtype:
     if not bool(a_fin.any()):
         return None
     err = float((o - a)[a_fin].abs().max())
-    ref_err = float((r - a)[a_fin].abs().max())
+    ref_err = _reference_error(r, a, a_fin)
     scale = float(a[a_fin].abs().max())
     return _within(o, a, err, ref_err, scale, dtype, factor, path, a_fin)
 

@@ -43,6 +43,20 @@ def test_matching_nonfinite_reference_values_pass():
     assert compare(t(math.inf, 2.0), ref, anchor) is not None
 
 
+def test_a_reference_nan_or_inf_where_the_anchor_is_finite_does_not_widen_the_allowance():
+    """Counted, a reference nan made the allowance nan (every output passed) and an inf made it infinite."""
+    anchor = t(1.0, 2.0, 4.0, dtype=torch.float64)
+    garbage = t(1.0, 2.0, 40.0)
+    for bad_value in (float("nan"), math.inf):
+        ref = t(1.0, bad_value, 4.0 + 0.01)
+        m = compare(garbage, ref, anchor)
+        assert m is not None and math.isclose(m.allowance, 0.03, rel_tol=1e-3), (bad_value, m)
+        assert compare(t(1.0, 2.0, 4.02), ref, anchor) is None                # the finite positions' rule
+    inf_anchor = t(-math.inf, 2.0, 4.0, dtype=torch.float64)                  # the masked path too
+    m = compare(t(-math.inf, 2.0, 40.0), t(-math.inf, float("nan"), 4.0), inf_anchor)
+    assert m is not None and m.allowance is not None and math.isfinite(m.allowance)
+
+
 def test_integers_exact():
     ref = torch.tensor([1, 2, 3], dtype=torch.int32)
     assert compare(ref.clone(), ref, ref) is None
