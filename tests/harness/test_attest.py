@@ -217,7 +217,7 @@ def test_the_window_protocol_end_to_end_with_the_judge(tmp_path):
     mod = P.load_module(p)
 
     def solve(h, r, w):
-        time.sleep(0.002)                                   # 2 ms a call, as the parent should see
+        time.sleep(0.005)                                   # 5 ms a call, as the parent should see
         return mod.reference(h, r, w)
 
     fw = _FakeWorker(tmp_path, solve, judge.inputs)
@@ -228,10 +228,10 @@ def test_the_window_protocol_end_to_end_with_the_judge(tmp_path):
         st = timed.run_window(fw, 5, "win0", 30)
         assert st.calls == 5 and len(st.digests) == 5 and len(st.saved) == attest.WINDOW_RECHECKS
         assert st.sent_ns < st.ready_ns < st.done_ns
-        assert st.window_ms >= 5 * 2.0                         # the parent's clock saw every call's sleep
+        assert st.window_ms >= 5 * 5.0                         # the parent's clock saw every call's sleep
         cal = judge.time_window(st.seeds, st.key)
         assert cal.calls == 5 and cal.make_ms > 0 and cal.commit_ms >= 0 and cal.attested_ms >= 0
-        assert attest.attested_ms(st, cal) >= 1.9           # the commitment's cost subtracted, the sleeps remain
+        assert attest.attested_ms(st, cal) >= 4.0           # the commitment's cost subtracted, the sleeps remain
         assert timed.judge_windows(judge, [st], tmp_path) is None
         assert {"inputs", "reference", "read_output", "compare", "digest"} <= set(judge.spent)   # where judging goes
         # an output that differs from what was committed at the window's end is incorrect
@@ -314,7 +314,7 @@ def test_the_attested_phase_records_what_the_parent_saw_and_rejects_a_forged_rep
     mod = P.load_module(p)
 
     def solve(h, r, w):
-        time.sleep(0.003)
+        time.sleep(0.01)             # long beside the commitment's cost, even as a loaded machine measures it
         return mod.reference(h, r, w)
 
     fw = _FakeWorker(tmp_path, solve, judge.inputs)
@@ -330,7 +330,7 @@ def test_the_attested_phase_records_what_the_parent_saw_and_rejects_a_forged_rep
                                    n_warmup=1, n_timed=3, warmup=[1], timing=[2, 3, 4])
         t = res.timing
         assert t.eager_event_ms == 0.5 and t.eager_ms == max(0.5, t.eager_attested_ms)
-        assert t.window_calls == 4 and t.attested_ms >= 2.5 and len(t.prewindow_excess_ms) == len(res.windows)
+        assert t.window_calls == 4 and t.attested_ms >= 8.0 and len(t.prewindow_excess_ms) == len(res.windows)
         assert len(t.window_span_ms) == len(t.window_commit_ms) == len(res.windows) and t.window_span_ms[0] > 0
         assert t.kernel_ms == max(t.worker_event_ms, t.attested_ms) and {"attested_window", "eager_baseline"} <= set(stages)
         if forge == 1.0:
