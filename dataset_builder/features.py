@@ -8,9 +8,11 @@ column documented but not typed, or typed but not documented.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import datasets
 import yaml
@@ -38,22 +40,38 @@ _TIMING = {
 _JSON_VALUE = {"integer": "int32", "number": "float64", "string": "string", "boolean": "bool"}
 
 
-def _from_attempt_record(*names: str) -> dict[str, datasets.Value]:
+def _feature(name: str, prop: dict[str, Any], record: str) -> Any:
+    """The column of one JSON Schema property: a scalar (nullable or not) or a list of scalars."""
+    alts = [prop] if "type" in prop else prop.get("anyOf", [])
+    alts = [a for a in alts if a.get("type") not in (None, "null")]
+    if len(alts) == 1 and alts[0]["type"] == "array":
+        return L(_feature(name, alts[0].get("items", {}), record))
+    if len(alts) != 1 or alts[0]["type"] not in _JSON_VALUE:
+        raise BuildError(f"{record} field {name!r} has no single scalar JSON type ({prop}); "
+                         "it cannot be a dataset column as it is")
+    return V(_JSON_VALUE[alts[0]["type"]])
+
+
+def _from_schema(schema: dict[str, Any], names: Sequence[str], record: str) -> dict[str, Any]:
+    props = schema["properties"]
+    return {name: _feature(name, props[name], record) for name in names}
+
+
+def _from_attempt_record(*names: str) -> dict[str, Any]:
     """Columns copied from the attempt record, typed from its exported JSON Schema
     (:mod:`mkb_eval.attempt_record`): a field whose type changes there changes the column with it."""
     from mkb_eval.attempt_record import json_schema
 
-    props = json_schema()["properties"]
-    out = {}
-    for name in names:
-        prop = props[name]
-        kinds = [prop["type"]] if "type" in prop else [a.get("type") for a in prop.get("anyOf", [])]
-        kinds = [k for k in kinds if k and k != "null"]
-        if len(kinds) != 1 or kinds[0] not in _JSON_VALUE:
-            raise BuildError(f"attempt record field {name!r} has no single scalar JSON type ({prop}); "
-                             "it cannot be a dataset column as it is")
-        out[name] = V(_JSON_VALUE[kinds[0]])
-    return out
+    return _from_schema(json_schema(), names, "attempt record")
+
+
+def _from_skill_row() -> dict[str, Any]:
+    """Every column of the skills config but ``dataset_version``, in order, typed from the skill row's
+    schema (:class:`mkb_eval.skill_record.SkillRow`, which the builder validates each row against)."""
+    from mkb_eval.skill_record import row_schema
+
+    schema = row_schema()
+    return _from_schema(schema, list(schema["properties"]), "skill row")
 
 
 FEATURES: dict[str, datasets.Features] = {
@@ -178,28 +196,7 @@ FEATURES: dict[str, datasets.Features] = {
         "dataset_version": V("string"),
     }),
     "skills": datasets.Features({
-        "skill_id": V("string"),
-        "origin": V("string"),
-        "model": V("string"),
-        "problem_id": V("int32"),
-        "problem": V("string"),
-        "direction": V("string"),
-        "source_dsl": V("string"),
-        "target_dsl": V("string"),
-        "replicate": V("int32"),
-        "source_trial": V("string"),
-        "source_verdict": V("string"),
-        "source_speedup": V("float64"),
-        "text": V("string"),
-        "sha256": V("string"),
-        "verdict": V("string"),
-        "skill_trial": V("string"),
-        "skill_status": V("string"),
-        "skill_speedup": V("float64"),
-        "base_status": V("string"),
-        "base_speedup": V("float64"),
-        "leak_flags": L(V("string")),
-        "released_in": V("string"),
+        **_from_skill_row(),
         "dataset_version": V("string"),
     }),
 }

@@ -3,7 +3,7 @@
 The run loop writes one per trial to ``attempts.jsonl`` (and ``trials/<trial>/attempt.json``). It was
 a ~35-key dict literal; now the loop builds an :class:`AttemptRecord`, so a missing, misspelt or
 mistyped field fails where it is written, not in a user's analysis. ``schemas/attempt.schema.json``
-is generated from the model (``python -m mkb_eval.attempt_record``; a test keeps it current) for
+is generated from the model (``python -m mkb_eval.schemas``; a test keeps it current) for
 readers outside Python. The metrics read a small subset of it, leniently and across versions
 (:mod:`mkb_eval.metrics.inputs`); :func:`parse` is the strict reader of a full record.
 """
@@ -11,12 +11,11 @@ readers outside Python. The metrics read a small subset of it, leniently and acr
 from __future__ import annotations
 
 import json
-import sys
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from mkb_eval.records import SCHEMAS, VERIFICATION_SCHEMA_PATH, validation_errors, verification_schema_text
+from mkb_eval.records import SCHEMAS, validation_errors
 from mkb_eval.vocab import Arm, AttemptStatus, Direction, Dsl, Family, Tier
 
 SCHEMA_VERSION = 1
@@ -119,8 +118,7 @@ def schema_text() -> str:
     return json.dumps(json_schema(), indent=1, sort_keys=True) + "\n"
 
 
-if __name__ == "__main__":          # regenerate the committed schemas (attempt and verification records)
-    SCHEMA_PATH.parent.mkdir(exist_ok=True)
-    SCHEMA_PATH.write_text(schema_text())
-    VERIFICATION_SCHEMA_PATH.write_text(verification_schema_text())
-    print(f"wrote {SCHEMA_PATH.name}, {VERIFICATION_SCHEMA_PATH.name}", file=sys.stderr)
+if __name__ == "__main__":          # the older command: regenerates every schema (python -m mkb_eval.schemas)
+    import runpy
+
+    runpy.run_module("mkb_eval.schemas", run_name="__main__")

@@ -191,9 +191,9 @@ def _p95(xs: list[float]) -> float | None:
 
 
 def _retime_s(run: Path) -> float:
-    path = run / "retime.jsonl"
-    return sum(json.loads(x).get("wall_s", 0.0) for x in path.read_text().splitlines() if x.strip()) \
-        if path.is_file() else 0.0
+    from mkb_eval.run_record import read_retimes
+
+    return sum(r.wall_s for r in read_retimes(run / "retime.jsonl"))
 
 
 def summarize(work: Path, out: Path, date: str, seeded: str | None = None) -> dict[str, Any]:

@@ -30,8 +30,9 @@ LAYERS: list[tuple[str, ...]] = [
     ("mkb_eval.dsl", "mkb_eval.prompts"),
     ("mkb_eval.dataset", "mkb_eval.verification_set"),
     ("mkb_eval.problems",),
-    ("mkb_eval.env", "mkb_eval.records", "mkb_eval.attempt_record", "mkb_eval.vocab", "mkb_eval.frontmatter", "mkb_eval._version",
-     "mkb_eval.record_migrations"),
+    ("mkb_eval.schemas",),      # the exporter of every record's JSON Schema
+    ("mkb_eval.env", "mkb_eval.records", "mkb_eval.attempt_record", "mkb_eval.run_record", "mkb_eval.skill_record",
+     "mkb_eval.vocab", "mkb_eval.frontmatter", "mkb_eval._version", "mkb_eval.record_migrations"),
 ]
 
 EXACT = {"mkb_eval"}            # the package's __init__ only: its submodules need layers of their own

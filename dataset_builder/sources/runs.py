@@ -15,6 +15,7 @@ from typing import Any
 
 from dataset_builder.errors import BuildError
 from mkb_eval.problems import Problem
+from mkb_eval.skill_record import parse_row
 from mkb_eval.skills.leak import check_text
 from mkb_eval.skills.model import Skill, SkillError
 from mkb_eval.skills.runs import Run, read_run, run_skills
@@ -78,7 +79,7 @@ def skill_rows(corpus_skills: Sequence[Skill], runs: Sequence[Run],
     rows = []
     for s in skills:
         o = s.outcome
-        rows.append({
+        rows.append(_row(s, {
             "skill_id": s.skill_id, "origin": s.origin, "model": s.model, "problem_id": s.problem_id,
             "problem": names.get(s.problem_id), "direction": s.direction, "source_dsl": s.source_dsl,
             "target_dsl": s.target_dsl, "replicate": s.replicate, "source_trial": s.source_trial,
@@ -88,5 +89,14 @@ def skill_rows(corpus_skills: Sequence[Skill], runs: Sequence[Run],
             "skill_speedup": o.skill_speedup if o else None, "base_status": o.base_status if o else None,
             "base_speedup": o.base_speedup if o else None,
             "leak_flags": [f.tag for f in check_text(s.text)], "released_in": s.released_in,
-        })
+        }))
     return rows
+
+
+def _row(skill: Skill, row: dict[str, Any]) -> dict[str, Any]:
+    """The row as a :class:`mkb_eval.skill_record.SkillRow` (a missing, unknown or mistyped column fails the
+    build here, naming the skill)."""
+    try:
+        return parse_row(row, f"skill {skill.origin}").to_json()
+    except ValueError as e:
+        raise BuildError(str(e)) from None

@@ -125,7 +125,8 @@ def run_trials(opts: RunOptions, backend: Backend | None = None, verify_fn: Any 
         store.log_invocation({
             "model": spec.name, "backend": backend.identity(), "problems": [p.id for p in problems], "arms": arms,
             "replicates": opts.replicates, "device": opts.device, "tier": tier, "budget": opts.budget.to_dict(),
-            "sampling": opts.sampling.to_dict(), "rerun_stale": opts.rerun_stale, "plan": c, **git_commit(),
+            "sampling": opts.sampling.to_dict(), "rerun_stale": opts.rerun_stale, "plan": c,
+            "commit": None, "dirty": None, **git_commit(),        # git_commit() is {} where git cannot be asked
         })
         gpus = opts.gpus if opts.gpus is not None else (_gpu_count() if tier == "gpu" else 0)
         with contextlib.ExitStack() as stack:

@@ -10,11 +10,12 @@ kernel has one re-timed time however many units it is part of.
 On a GPU the re-timings start when the run's verifications are done, and their timed rounds take
 the host quiet one group at a time (:mod:`mkb_eval.harness.quiet`).
 
-Each result is one line of ``<run>/retime.jsonl`` keyed by the group and its kernels' hashes; a
-group already there (same kernels, rounds and tier) is not re-timed again, so a run killed in the
-middle of re-timing resumes with the groups that were not finished. A group whose re-timing fails
-(an exception of the harness) gets no line and is tried again by the next run. Only kernels that
-passed (``ok``) or could not be judged on this tier (``unverified``) are re-timed.
+Each result is one line of ``<run>/retime.jsonl`` (a :class:`mkb_eval.run_record.RetimeRecord`) keyed
+by the group and its kernels' hashes; a group already there (same kernels, rounds and tier) is not
+re-timed again, so a run killed in the middle of re-timing resumes with the groups that were not
+finished. A group whose re-timing fails (an exception of the harness) gets no line and is tried again
+by the next run. Only kernels that passed (``ok``) or could not be judged on this tier
+(``unverified``) are re-timed.
 """
 
 from __future__ import annotations
@@ -31,11 +32,12 @@ from pathlib import Path
 from typing import Any
 
 from mkb_eval import problems as P
+from mkb_eval import run_record as R
 from mkb_eval.harness.quiet import QuietHost
-from mkb_eval.records import append_jsonl, read_jsonl
+from mkb_eval.records import append_jsonl
 
 RETIME_FILE = "retime.jsonl"
-RETIME_VERSION = 2          # 2: timed rounds with the host quiet (harness.quiet) and after the run's verifications
+RETIME_VERSION = R.RETIME_VERSION
 RETIMABLE = ("ok", "unverified")
 DEFAULT_ROUNDS = 5
 GROUPS_PER_GPU = 4          # re-timings in flight per GPU: their start and checks overlap, their timed rounds take turns
@@ -133,24 +135,22 @@ def _plain(obj: Any) -> Any:
 
 def result_entry(group: RetimeGroup, result: Any, settings: RetimeSettings, tier: str, model: str,
                  wall_s: float) -> dict[str, Any]:
-    """The line stored for one re-timing (the RetimeResult's windows, env and stage times as JSON)."""
-    return {
-        "kind": "retime", "retime_version": RETIME_VERSION, "key": group.key(settings.rounds, tier),
-        "group": group.id, "problem_id": group.problem_id, "replicate": group.replicate, "model": model,
-        "tier": getattr(result, "tier", tier), "settings": asdict(settings),
+    """The line stored for one re-timing (the RetimeResult's windows, env and stage times as JSON), built as a
+    :class:`~mkb_eval.run_record.RetimeRecord`: a window or field the record does not know fails here."""
+    return R.RetimeRecord.model_validate({
+        "key": group.key(settings.rounds, tier), "group": group.id, "problem_id": group.problem_id,
+        "replicate": group.replicate, "model": model, "tier": getattr(result, "tier", tier), "settings": asdict(settings),
         "kernels": {k.label: {"trial": k.trial, "dsl": k.dsl, "sha256": k.sha256} for k in group.kernels},
         "labels": list(getattr(result, "labels", [k.label for k in group.kernels])),
         "windows": _plain(list(getattr(result, "windows", []))),
         "env": _plain(getattr(result, "env", {})), "stages_s": _plain(getattr(result, "stages_s", {})),
-        "wall_s": round(wall_s, 3),
-        "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-    }
+        "wall_s": round(wall_s, 3), "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+    }).to_json()
 
 
 def done_keys(run_dir: Path) -> set[str]:
-    path = Path(run_dir) / RETIME_FILE
-    return {r["key"] for r in read_jsonl(path) if isinstance(r, dict) and r.get("kind") == "retime"} \
-        if path.is_file() else set()
+    """Keys of the re-timings stored in the run folder (read strictly, older versions migrated)."""
+    return {r.key for r in R.read_retimes(Path(run_dir) / RETIME_FILE)}
 
 
 RetimeFn = Callable[..., Any]

@@ -4,6 +4,7 @@ Layout of a run folder::
 
     run.json            the model this folder belongs to (a run folder holds one model)
     invocations.jsonl   one line per ``mkb run`` (arguments, plan counts, versions)
+    retime.jsonl        paired re-timings of final kernels (``mkb_eval.agent.retiming``)
     attempts.jsonl      one record per finished trial, in the metrics' attempt format plus extras
     skills/<trial>.md   the exact text attached to each skill trial (header + source SKILL.md)
     trials/<trial>/     transcript.jsonl, submissions/NN_kernel.py + NN_verification.json,
@@ -15,6 +16,12 @@ A record is appended only when its trial is finished, with one ``write`` and an 
 killed run leaves finished trials intact, unfinished ones without a record (run again next
 time, their partial folders archived), and at most a torn last line, which is moved to
 ``archive/`` before anything new is appended. Nothing is ever rewritten in place.
+
+``run.json``, ``invocations.jsonl`` and ``retime.jsonl`` hold the typed records of
+:mod:`mkb_eval.run_record` (built strictly when written, migrated and validated when read); the
+attempt records are :class:`mkb_eval.attempt_record.AttemptRecord`. ``records()`` reads attempts
+leniently (any line of kind attempt with a trial): the plan needs only their stamps and status,
+and a folder written by an older loop must still resume.
 """
 
 from __future__ import annotations
@@ -28,9 +35,11 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from mkb_eval import run_record as R
 from mkb_eval.records import append_jsonl, read_jsonl
 
-STORE_VERSION = 1
+STORE_VERSION = R.STORE_VERSION
+INVOCATIONS = "invocations.jsonl"
 
 
 class StoreError(RuntimeError):
@@ -163,29 +172,41 @@ class RunStore:
     # -- run identity ----------------------------------------------------------------------
     def check_model(self, model: str) -> None:
         """A run folder holds one model: refuse another one (read-only, before anything runs)."""
-        meta = self.root / "run.json"
-        if meta.is_file():
-            try:
-                data = json.loads(meta.read_text())
-            except json.JSONDecodeError as e:
-                raise StoreError(f"{meta} is not valid JSON ({e.msg})") from None
-            if data.get("model") != model:
-                raise StoreError(f"run folder {self.root} holds model {data.get('model')!r}, not {model!r}; "
-                                 "use another --run-dir")
+        meta = self.run_meta()
+        if meta is not None and meta.model != model:
+            raise StoreError(f"run folder {self.root} holds model {meta.model!r}, not {model!r}; use another --run-dir")
         for rec in self.records().values():
             if rec.get("model") not in (None, model):
                 raise StoreError(f"run folder {self.root} holds records of model {rec.get('model')!r}, not {model!r}")
+
+    def run_meta(self) -> R.RunMeta | None:
+        """``run.json`` (migrated and validated), or None before the first invocation pinned a model."""
+        path = self.root / "run.json"
+        if not path.is_file():
+            return None
+        try:
+            return R.read_run_meta(path)
+        except ValueError as e:
+            raise StoreError(str(e)) from None
 
     def pin_model(self, model: str, backend: dict[str, Any]) -> None:
         self._require_lock()
         meta = self.root / "run.json"
         if not meta.is_file():
-            write_json_atomic(meta, {"model": model, "backend": backend, "created_at": _now(),
-                                     "store_version": STORE_VERSION})
+            write_json_atomic(meta, R.RunMeta(model=model, backend=backend, created_at=_now()).to_json())
 
     def log_invocation(self, entry: dict[str, Any]) -> None:
+        """Append one invocation record; ``entry`` holds the fields of :class:`~mkb_eval.run_record.Invocation`
+        but ``started_at`` (a missing, misspelt or mistyped one raises here, before anything runs)."""
         self._require_lock()
-        append_jsonl(self.root / "invocations.jsonl", {"kind": "invocation", "started_at": _now(), **entry})
+        append_jsonl(self.root / INVOCATIONS, R.Invocation(started_at=_now(), **entry).to_json())
+
+    def invocations(self) -> list[R.Invocation]:
+        path = self.root / INVOCATIONS
+        try:
+            return R.read_invocations(path) if path.is_file() else []
+        except ValueError as e:
+            raise StoreError(str(e)) from None
 
     # -- records -----------------------------------------------------------------------------
     def records(self) -> dict[str, dict[str, Any]]:

@@ -141,23 +141,20 @@ def read_retimes(source: str | Path | Iterable[Mapping[str, Any]], timer: str = 
                  kernels: Mapping[str, str | None] | None = None) -> dict[UnitKey, PairedTiming]:
     """The latest re-timed pair per unit from a run folder, a ``retime.jsonl`` file or entries.
 
+    A file is read strictly (:func:`mkb_eval.run_record.read_retimes`: older versions migrated, a bad
+    line an error naming it; a torn last line of a killed run is skipped, that group is re-timed by the
+    next run). Entries given directly are read as mappings, only the fields a pair needs.
     ``kernels`` (trial -> final kernel sha256, from the attempt records) keeps only re-timings of the
     kernels the records now hold: a trial run again after its re-timing is not paired with old times.
     """
+    entries: list[Any]
     if isinstance(source, (str, Path)):
         path = Path(source)
         if path.is_dir():
             path = path / "retime.jsonl"
-        if not path.is_file():
-            return {}
-        entries: list[Any] = []
-        for line in path.read_text(errors="replace").splitlines():
-            if not line.strip():
-                continue
-            try:
-                entries.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue          # a torn last line of a killed run: that group is re-timed by the next run
+        from mkb_eval.run_record import read_retimes as read_file      # pydantic: only where a file is read
+
+        entries = [r.to_json() for r in read_file(path)]
     else:
         entries = list(source)
     out: dict[UnitKey, PairedTiming] = {}
@@ -211,16 +208,11 @@ def run_timings(run_dir: str | Path, timer: str = DEFAULT_TIMER) -> dict[UnitKey
 
 def run_gpu(run_dir: str | Path) -> str | None:
     """The GPU model the run's re-timings ran on (from their environment), if any."""
-    path = Path(run_dir) / "retime.jsonl"
-    if not path.is_file():
-        return None
-    for line in path.read_text(errors="replace").splitlines():
-        try:
-            gpu = (json.loads(line).get("env") or {}).get("gpu")
-        except (json.JSONDecodeError, AttributeError):
-            continue
-        if gpu:
-            return str(gpu)
+    from mkb_eval.run_record import read_retimes as read_file
+
+    for r in read_file(Path(run_dir) / "retime.jsonl"):
+        if r.env.get("gpu"):
+            return str(r.env["gpu"])
     return None
 
 

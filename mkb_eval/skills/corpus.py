@@ -1,9 +1,11 @@
 """The released skills corpus: markdown files with YAML front matter, read, validated, written.
 
 A released skill file is ``---`` + front matter + ``---`` + the skill text exactly as the
-attempt wrote it. The front matter (schema ``skills_corpus/schema/skill.schema.json``) names the
-model, problem, direction, source verdict, the sha256 of the text, and the dataset version it
-was released in; an edited text no longer matches its sha256 and is refused.
+attempt wrote it. The front matter (:class:`mkb_eval.skill_record.SkillFrontMatter`, schema
+``skills_corpus/schema/skill.schema.json`` generated from it) names the model, problem, direction,
+source verdict, the sha256 of the text, and the dataset version it was released in; an edited
+text no longer matches its sha256 and is refused. The other schemas of ``skills_corpus/schema``
+(the SFT and DPO export lines) are written by hand and read by :func:`schema_errors`.
 """
 
 from __future__ import annotations
@@ -18,8 +20,8 @@ from typing import Any
 import yaml
 
 from mkb_eval.frontmatter import split_front_matter as _split
-
-from mkb_eval.skills.model import Outcome, Skill, SkillError, sha256_text
+from mkb_eval.skill_record import SkillFrontMatter, parse_front_matter
+from mkb_eval.skills.model import Skill, SkillError, sha256_text
 
 _REPO_ROOT = Path(__file__).resolve().parents[2]
 CORPUS_ROOT = _REPO_ROOT / "skills_corpus"
@@ -55,25 +57,21 @@ def split_front_matter(text: str, where: str) -> tuple[dict[str, Any], str]:
 
 
 def parse_skill_file(path: Path, corpus: Path) -> Skill:
-    """Read and validate one released skill file."""
+    """Read and validate one released skill file (SkillError naming the file and every bad field)."""
     rel = path.relative_to(corpus).as_posix()
     meta, body = split_front_matter(path.read_bytes().decode("utf-8"), str(path))
-    if hasattr(meta.get("date"), "isoformat"):        # YAML reads an unquoted 2026-11-29 as a date
-        meta["date"] = meta["date"].isoformat()
-    errors = schema_errors(meta, "skill")
-    if errors:
-        more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
-        raise SkillError(f"{path}: front matter {errors[0]}{more}")
+    try:
+        fm = parse_front_matter(meta, str(path))
+    except ValueError as e:
+        raise SkillError(str(e)) from None
     skill = Skill(
-        origin=f"corpus:{rel}", model=meta["model"], problem_id=meta["problem"], direction=meta["direction"],
-        source_verdict=meta["source_verdict"], text=body, replicate=meta.get("replicate"),
-        source_trial=meta.get("source_trial"), source_speedup=meta.get("source_speedup"),
-        outcome=Outcome(**meta["outcome"]) if meta.get("outcome") else None,
-        released_in=meta["dataset_version"], path=path,
+        origin=f"corpus:{rel}", model=fm.model, problem_id=fm.problem, direction=fm.direction,
+        source_verdict=fm.source_verdict, text=body, replicate=fm.replicate, source_trial=fm.source_trial,
+        source_speedup=fm.source_speedup, outcome=fm.outcome, released_in=fm.dataset_version, path=path,
     )
-    if skill.sha256 != meta["sha256"]:
+    if skill.sha256 != fm.sha256:
         raise SkillError(f"{path}: the text's sha256 {skill.sha256[:12]}... differs from the front matter's "
-                         f"{meta['sha256'][:12]}... (edited after release?)")
+                         f"{fm.sha256[:12]}... (edited after release?)")
     return skill
 
 
@@ -112,24 +110,25 @@ def read_corpus(corpus: str | Path | None = None) -> list[Skill]:
 
 
 def front_matter(skill: Skill, dataset_version: str) -> dict[str, Any]:
-    """The front matter a skill is released with (None fields left out)."""
-    meta: dict[str, Any] = {
-        "model": skill.model, "problem": skill.problem_id, "direction": skill.direction,
-        "source_verdict": skill.source_verdict, "sha256": skill.sha256, "dataset_version": dataset_version,
-        "replicate": skill.replicate, "source_trial": skill.source_trial, "source_speedup": skill.source_speedup,
-        "provenance": skill.origin,
-    }
-    if skill.outcome is not None:
-        meta["outcome"] = {k: v for k, v in vars(skill.outcome).items() if v is not None}
-    return {k: v for k, v in meta.items() if v is not None}
+    """The front matter a skill is released with (None fields left out); SkillError when it is not valid."""
+    from pydantic import ValidationError
+
+    from mkb_eval.records import validation_errors
+
+    try:
+        fm = SkillFrontMatter.model_validate({
+            "model": skill.model, "problem": skill.problem_id, "direction": skill.direction,
+            "source_verdict": skill.source_verdict, "sha256": skill.sha256, "dataset_version": dataset_version,
+            "replicate": skill.replicate, "source_trial": skill.source_trial, "source_speedup": skill.source_speedup,
+            "provenance": skill.origin, "outcome": skill.outcome})
+    except ValidationError as e:
+        raise SkillError(f"{skill.origin}: cannot release: {validation_errors(e)}") from None
+    return fm.to_json()
 
 
 def render_release(skill: Skill, dataset_version: str) -> str:
-    """The released markdown file of a skill; refuses front matter that fails the schema."""
+    """The released markdown file of a skill; refuses front matter the model does not accept."""
     meta = front_matter(skill, dataset_version)
-    errors = schema_errors(meta, "skill")
-    if errors:
-        raise SkillError(f"{skill.origin}: cannot release: {errors[0]}")
     front = str(yaml.safe_dump(meta, sort_keys=False, allow_unicode=True))
     return "---\n" + front + "---\n" + skill.text
 

@@ -3,7 +3,9 @@
 A skill is written by a solo attempt in DSL a (the source) and transferred to an attempt at the
 same problem in DSL b; its outcome compares that skill-conditioned attempt with the base (solo b)
 attempt of the same replicate. The same record describes a released corpus file and a SKILL.md
-found in a run folder.
+found in a run folder. The outcome is the typed :class:`mkb_eval.skill_record.SkillOutcome`
+(re-exported as ``Outcome``); a skill's released front matter and its dataset row are the
+records of :mod:`mkb_eval.skill_record`.
 """
 
 from __future__ import annotations
@@ -11,11 +13,14 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import get_args
 
 from mkb_eval.dsl import SPECS
 from mkb_eval.metrics.inputs import DIRECTIONS, DSLS
+from mkb_eval.skill_record import SkillOutcome as Outcome
+from mkb_eval.skill_record import Verdict
 
-VERDICTS = ("helped", "harmed", "neutral", "unresolved")
+VERDICTS: tuple[str, ...] = get_args(Verdict)
 DSL_DISPLAY = {name: s.display for name, s in SPECS.items()}
 
 
@@ -41,22 +46,6 @@ def direction_from(source_dsl: str) -> str:
 
 def sha256_text(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """The skill-conditioned attempt against the base attempt (``metrics.paired.paired_outcome``)."""
-
-    verdict: str
-    skill_trial: str | None = None
-    skill_status: str | None = None
-    skill_speedup: float | None = None
-    base_status: str | None = None
-    base_speedup: float | None = None
-
-    def __post_init__(self) -> None:
-        if self.verdict not in VERDICTS:
-            raise SkillError(f"unknown verdict {self.verdict!r}; expected one of {', '.join(VERDICTS)}")
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,12 @@ The latest record per (model, trial) counts, as in the metrics. When a record ca
 ``skill_md_sha256`` or ``final_kernel_sha256`` (the agent's extras), the files must still match
 them (the store writes SKILL.md as the hashed text plus a newline): a file changed after its
 record is refused rather than released.
+
+Attempt records are read with the metrics' reader (:mod:`mkb_eval.metrics.inputs`), which checks
+only the fields a skill and its outcome need and reads every attempt-record version, not with the
+strict :func:`mkb_eval.attempt_record.parse`: run folders written by other tools or older loops
+(with fewer fields) are released too. The outcome built from them is strict
+(:class:`mkb_eval.skill_record.SkillOutcome`).
 """
 
 from __future__ import annotations
@@ -183,15 +189,13 @@ def skill_outcome(run: Run, source: AttemptOutcome, direction: str) -> Outcome:
     skill_trial = trial_name(source.problem_id, source.replicate, f"{direction}_skill")
     skill = run.find(source.model, skill_trial)
     base = run.find(source.model, trial_name(source.problem_id, source.replicate, f"solo_{target}"))
-    if skill is None or base is None or skill.outcome.error or base.outcome.error:
-        return Outcome(verdict="unresolved", skill_trial=skill_trial,
-                       skill_status=skill.outcome.status if skill else None,
-                       skill_speedup=_speedup(skill.outcome) if skill else None,
-                       base_status=base.outcome.status if base else None,
-                       base_speedup=_speedup(base.outcome) if base else None)
-    return Outcome(verdict=paired_outcome(base.outcome, skill.outcome), skill_trial=skill_trial,
-                   skill_status=skill.outcome.status, skill_speedup=_speedup(skill.outcome),
-                   base_status=base.outcome.status, base_speedup=_speedup(base.outcome))
+    resolved = not (skill is None or base is None or skill.outcome.error or base.outcome.error)
+    return Outcome.model_validate({           # validated: an unknown status or verdict fails here, not in a release
+        "verdict": paired_outcome(base.outcome, skill.outcome) if resolved and skill and base else "unresolved",
+        "skill_trial": skill_trial, "skill_status": skill.outcome.status if skill else None,
+        "skill_speedup": _speedup(skill.outcome) if skill else None,
+        "base_status": base.outcome.status if base else None, "base_speedup": _speedup(base.outcome) if base else None,
+    })
 
 
 def run_skills(run: Run) -> list[Skill]:

@@ -28,6 +28,8 @@ class RetimeWindow:
     device_ms: float | None
     status: str
     message: str = ""
+    span_per_call_ms: float | None = None
+    commit_ms: float | None = None
 
 
 @dataclass

@@ -16,6 +16,7 @@ from mkb_eval.metrics.retimed import TIMERS, PairedTiming, pairs_from_entry, rea
 from tests.agent.fake_retime import FakeRetime
 
 ARMS = ("cutedsl2tirx_skill", "solo_cutedsl", "solo_tirx", "tirx2cutedsl_skill")
+SHA = "5" * 64          # the kernels' hash (the pairing reads it only to match the attempt records)
 
 
 def _records(pid: int, model: str = "m", status: str = "ok") -> list[dict[str, Any]]:
@@ -28,7 +29,7 @@ def _entry(tmp: Path, pid: int, speed: dict[str, float], model: str = "m", **fak
     for a in ARMS:
         p = tmp / f"{pid}_{a}.py"
         p.write_text(f"# {a}\n")
-        kernels.append(RetimeKernel(a, f"p{pid:02d}_r1_{a}", "tirx", p, "sha"))
+        kernels.append(RetimeKernel(a, f"p{pid:02d}_r1_{a}", "tirx", p, SHA))
     group = RetimeGroup(pid, 1, tuple(kernels))
     rt = FakeRetime(speed=lambda label, sha: speed.get(label, 1.0), **fake)
     res = rt(P.find(pid), {k.label: (k.dsl, k.path) for k in kernels}, rounds=6, seed=pid)
@@ -92,7 +93,7 @@ def test_original_verdict_is_kept_and_a_stale_retiming_is_ignored(tmp_path: Path
     assert [r["outcome"] for r in original["units"]][0] == "helped"
     paired = score(recs, timings=read_retimes([e]))
     assert [r["outcome"] for r in paired["units"]][0] == "neutral"
-    kernels = {t: ("other" if t.endswith("solo_tirx") else "sha") for t in (r["trial"] for r in recs)}
+    kernels = {t: ("other" if t.endswith("solo_tirx") else SHA) for t in (r["trial"] for r in recs)}
     assert read_retimes([e], kernels=kernels) == {}   # a trial run again since: its old re-timing is not used
 
 

@@ -40,7 +40,9 @@ def test_front_matter_is_validated_against_the_schema(tmp_path: Path):
                    "sha256: abc\ndataset_version: 1.0\n---\n- text\n")
     with pytest.raises(SkillError) as e:
         parse_skill_file(bad, tmp_path / "c")
-    assert "x.md: front matter" in str(e.value) and "more" in str(e.value)
+    msg = str(e.value)                                                 # the file, then every bad field
+    assert "x.md: front matter: direction:" in msg and "sha256: String should match" in msg
+    assert "dataset_version: Input should be a valid string" in msg
     bad.write_text("no front matter\n")
     other = tmp_path / "c" / "y.md"
     other.write_text("---\n[unclosed\n")
