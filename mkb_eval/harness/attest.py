@@ -51,13 +51,14 @@ chosen so that the K input and output sets span several times the L2 cache: ever
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from mkb_eval.harness.protocol import READY, WindowOp, digests_reply
 
 WINDOW_CALLS = 16               # calls per window when memory allows (more when inputs are small)
 WINDOW_MIN_CALLS = 3            # never fewer, whatever the memory budget
@@ -72,7 +73,6 @@ PRECOMPUTE_HOST_TAU = 1.0       # ... plus this share of its host part (the vCPU
 PRECOMPUTE_SLACK_MS = 0.5       # ... plus this much (process wake-up, JSON, scheduling)
 ROWS_MAX = 1 << 14              # a digest sums at most this many rows per tensor (int64 stays exact)
 ROW_WORDS = 1024                # at least this many 32-bit words per row
-READY, SAVED, PREPPED = b"R", b"S", b"P"
 
 
 def window_calls(in_bytes: int, out_bytes: int, l2_bytes: int, budget: int = WINDOW_BUDGET_BYTES) -> int:
@@ -283,15 +283,15 @@ def decide(event_ms: float, attested: Sequence[float], excess: Sequence[float], 
 
 
 # -- the worker's side ----------------------------------------------------------------------------
-def worker_window(fd: int, op: dict[str, Any], make: Callable[[int], list[Any]], solve: Callable[..., Any],
+def worker_window(fd: int, op: WindowOp, make: Callable[[int], list[Any]], solve: Callable[..., Any],
                   sync: Callable[[], None]) -> tuple[list[Any], list[list[list[int]]]]:
     """The worker's part of one window, after it received ``op``: make the sets, ``R``, the K calls
     back to back, the digests. Returns (outputs, digests) and has sent the digests."""
     from mkb_eval.harness.timing import collector_paused
 
-    key = int(op["key"])
+    key = int(op.key)
     with collector_paused():
-        sets = [make(int(s)) for s in op["seeds"]]
+        sets = [make(int(s)) for s in op.seeds]
         sync()
         _weights(key, _device_of(sets))              # the key's weights, before the clock runs
         sync()
@@ -299,7 +299,7 @@ def worker_window(fd: int, op: dict[str, Any], make: Callable[[int], list[Any]],
         outs = [solve(*inputs) for inputs in sets]          # back to back, no sync between calls
         sync()
         digests = commitments(outs, key)
-        os.write(fd, json.dumps({"digests": digests}).encode())
+        os.write(fd, digests_reply(digests))
     del sets
     return outs, digests
 

@@ -4,11 +4,11 @@ in, each reply stamped by the kernel when the worker sent it (the attested windo
 
 from __future__ import annotations
 
-import json
 import socket
 import struct
 import time
-from typing import Any
+
+from mkb_eval.harness.protocol import Op, encode_op
 
 SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)    # the same number on x86-64 and arm64 Linux
 MAX_PACKET = 1 << 20
@@ -36,8 +36,9 @@ class GateSocket:
         self.sock.send(data)
         return t
 
-    def send_op(self, **msg: Any) -> int:
-        return self.send(json.dumps(msg).encode())
+    def send_op(self, op: Op) -> int:
+        """Send one timing operation (encoded before the send time is taken)."""
+        return self.send(encode_op(op))
 
     def recv(self, timeout: float) -> tuple[bytes, int]:
         """(packet, the kernel's stamp of its send in realtime ns); b"" at EOF; TimeoutError past ``timeout``."""

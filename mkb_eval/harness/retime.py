@@ -22,6 +22,7 @@ from typing import Any
 from mkb_eval import problems as P
 from mkb_eval.env import describe
 from mkb_eval.harness import attest, timed
+from mkb_eval.harness.protocol import EventsOp, EventsReport, Final, Phase1Report
 from mkb_eval.harness.quiet import LOUD
 
 
@@ -220,11 +221,11 @@ def _sanity(side: _Side, job: dict[str, Any], judge: Any, lane: Any, limits: Any
     rec = VerificationRecord(status="crashed", problem_id=judge.problem.id, problem=judge.problem.name,
                              problem_hash=judge.problem.hash, dsl=side.dsl, kernel_sha256="", tier="gpu", size="full")
     msg, how = w.wait_for(("ready", "final"), limits.correctness_s)
-    if msg and msg["kind"] != "final":
+    if msg and not isinstance(msg, Final):
         held = Held(lane)
         try:
             msg, how = run_phase1(w, held, limits.correctness_s, rec)
-            if msg and msg["kind"] != "final":
+            if isinstance(msg, Phase1Report):
                 if judge_phase1(rec, judge, job, msg, w.root / "out", between=held.step_aside):
                     return
                 side.failed, side.message = rec.status, rec.message
@@ -249,20 +250,20 @@ def _one_window(side: _Side, r: int, pos: int, warmup: int, draws: int, calls: i
         return failed(side.failed, side.message)
     w = side.worker
     try:
-        w.gate.send_op(op="events", warmup_seeds=timed.seeds(warmup), timing_seeds=timed.seeds(draws), device=True)
+        w.gate.send_op(EventsOp(timed.seeds(warmup), timed.seeds(draws), device=True))
     except OSError:
         pass                              # the worker is gone: waiting below says how
     seen = side.events_seen
     ev, how = w.wait_for(("events", "final"), limits.timing_s,
-                         unless=lambda m: m.get("stage") == "events" and int(m.get("n", 0)) <= seen)
-    if not ev or ev.get("kind") == "final":
+                         unless=lambda m: isinstance(m, EventsReport) and m.n <= seen)
+    if not isinstance(ev, EventsReport):                # a final message, or none
         rec = _scratch(side)
         fail_from_worker(rec, w, how, limits.timing_s)
         side.failed, side.message = rec.status, redact_paths(rec.message, w.root)
         return failed(side.failed, side.message)
-    side.events_seen = int(ev.get("n", seen + 1))
-    event_ms = _median(ev["times_ms"])
-    dev = ev.get("device_ms")
+    side.events_seen = ev.n
+    event_ms = _median(ev.times_ms)
+    dev = ev.device_ms
     try:
         wins, verdict = timed.attest_kernel(w, ref, calls, (f"r{r}", f"r{r}"), limits.timing_s, event_ms, sol_ms, dev,
                                             rechecks=1)

@@ -24,6 +24,8 @@ from mkb_eval.harness.channel import read_messages
 from mkb_eval.harness.forkserver import ForkServer, killpg
 from mkb_eval.harness.gate import GateSocket
 from mkb_eval.harness.lanes import physical_gpu
+from mkb_eval.harness.protocol import (FAILURES, GO, PROTOCOL_FLAG, PROTOCOL_STATUS, STOP, EventsReport, Final,
+                                       Malformed, Message, Progress, ProtocolError, Setup)
 from mkb_eval.harness.procs import session_usage
 from mkb_eval.harness.sandbox import Sandbox, SandboxConfig, code_root, pythonpath_first
 from mkb_eval.records import VerificationRecord, artifacts_from_worker
@@ -87,7 +89,7 @@ class Worker:
         self._ready_lock = threading.Lock()
         self._next_watch = 0.0
         self._channel_seen: tuple[int, int] = (-1, -1)
-        self._messages: list[dict[str, Any]] = []
+        self._messages: list[Message | Malformed] = []
         self.sandbox = Sandbox.create(limits.sandbox, owned=root)
         self.stdout, self.stderr = root / "stdout.txt", root / "stderr.txt"
         # a forked worker gets its descriptors as fds 0-4 (gate 3, ready pipe 4); an exec'd one keeps ours
@@ -180,7 +182,7 @@ class Worker:
         if self.killed_for:
             self.kill_group()
 
-    def messages(self) -> list[dict[str, Any]]:
+    def messages(self) -> list[Message | Malformed]:
         """The worker's messages so far; parsed again only when the channel has grown (waits poll it 50x a second)."""
         try:
             st = os.stat(self.channel)
@@ -192,37 +194,43 @@ class Worker:
         return self._messages
 
     def wait_for(self, kinds: tuple[str, ...], timeout: float,
-                 unless: Callable[[dict[str, Any]], bool] | None = None) -> tuple[dict[str, Any] | None, str]:
+                 unless: Callable[[Message], bool] | None = None) -> tuple[Message | None, str]:
         """The first message of one of ``kinds`` (a kind, or a progress stage) that ``unless`` does not
-        rule out (e.g. one already handled); else (None, 'timeout' | 'exited')."""
+        rule out (e.g. one already handled); else (None, 'timeout' | 'exited'), or (None, 'protocol')
+        when a message the protocol does not allow comes first (:func:`fail_from_worker` says which)."""
         deadline = time.monotonic() + timeout
 
-        def found() -> dict[str, Any] | None:
+        def found() -> Message | Malformed | None:
             for m in self.messages():
-                if (m.get("kind") in kinds or (m.get("kind") == "progress" and m.get("stage") in kinds)) and \
+                if isinstance(m, Malformed):
+                    return m
+                if (m.kind in kinds or (m.kind == "progress" and getattr(m, "stage", None) in kinds)) and \
                         not (unless and unless(m)):
                     return m
             return None
 
+        def answer(m: Message | Malformed) -> tuple[Message | None, str]:
+            return (None, "protocol") if isinstance(m, Malformed) else (m, "message")
+
         while True:
             m = found()
             if m is not None:
-                return m, "message"
+                return answer(m)
             if self.proc.poll() is not None:
                 m = found()                   # a message written just before exit
-                return (m, "message") if m is not None else (None, "exited")
+                return answer(m) if m is not None else (None, "exited")
             if time.monotonic() > deadline:
                 return None, "timeout"
             self._watch()
             time.sleep(0.02)
 
     def last_stage(self) -> str:
-        stages = [m.get("stage", "") for m in self.messages()]
+        stages = [getattr(m, "stage", "") for m in self.messages()]
         return stages[-1] if stages else "startup"
 
     def open_gate(self, go: bool) -> None:
         try:
-            self.gate.send(b"go" if go else b"stop")
+            self.gate.send(GO if go else STOP)
         except OSError:
             pass
 
@@ -256,10 +264,10 @@ class Worker:
             self._ready_r = None
 
     def facts(self) -> dict[str, str]:
-        setup = [m for m in self.messages() if m.get("stage") == "setup"][:1]   # sent before the candidate existed
+        setup = [m for m in self.messages() if isinstance(m, Setup)][:1]   # sent before the candidate existed
         return {**self.sandbox.facts,
-                "network": str(setup[0].get("network", "unknown")) if setup else "unknown (worker never started)",
-                "outside_write": str(setup[0].get("outside_write", "unknown")) if setup else "unknown",
+                "network": setup[0].network if setup else "unknown (worker never started)",
+                "outside_write": setup[0].outside_write if setup else "unknown",
                 "worker": ("warm (forked from a server with the toolchains imported)" if self.forked else
                            "warm (started ahead, toolchains preloaded)" if self.preloaded else "cold"),
                 "leftover_processes": str(getattr(self, "leftover", 0))}
@@ -292,25 +300,41 @@ def stage_times(w: Worker) -> dict[str, float]:
     worker's CPU seconds (all its threads): before its job arrived (interpreter start and, warm,
     the preloaded imports) and in all, as it last reported them."""
     msgs = w.messages()
-    prog = [m for m in msgs if m.get("kind") == "progress" and "t" in m]
+    prog = [m for m in msgs if isinstance(m, (Progress, Setup, EventsReport))]
     out: dict[str, float] = {}
     for a, b in zip(prog, prog[1:], strict=False):     # consecutive pairs: the second is one shorter
-        key = "w_" + a["stage"]
-        out[key] = round(out.get(key, 0.0) + b["t"] - a["t"], 3)
-    cpu = [m["cpu"] for m in msgs if isinstance(m.get("cpu"), (int, float))]
+        key = "w_" + a.stage
+        out[key] = round(out.get(key, 0.0) + b.t - a.t, 3)
+    cpu = [m.cpu for m in msgs if isinstance(m, (Progress, Setup, EventsReport, Final))]
     if cpu:
         out.update(worker_cpu_before_job_s=cpu[0], worker_cpu_s=max(cpu))
     return out
 
 
+def protocol_failure(rec: VerificationRecord, stage: str, err: ProtocolError) -> None:
+    """The verdict on a worker that broke the message protocol (:mod:`.protocol`)."""
+    rec.status, rec.stage = PROTOCOL_STATUS, stage
+    rec.message = f"the worker broke the message protocol: {err}"
+    rec.flags = sorted(set(rec.flags) | {PROTOCOL_FLAG})
+
+
 def fail_from_worker(rec: VerificationRecord, w: Worker, how: str, timeout: float) -> None:
-    final = [m for m in w.messages() if m.get("kind") == "final"]
-    if final:
+    """The verdict when the worker stopped short: a message the protocol does not allow, else its last
+    final message (a failure it may claim), else its silence (timeout, crashed)."""
+    msgs = w.messages()
+    bad = next((m for m in msgs if isinstance(m, Malformed)), None)
+    final = [m for m in msgs if isinstance(m, Final)]
+    if bad is not None:
+        protocol_failure(rec, w.last_stage(), bad.error)
+    elif final and final[-1].status not in FAILURES:
+        protocol_failure(rec, final[-1].stage, ProtocolError(
+            "final.status", f"{final[-1].status!r} where the worker may only report a failure"))
+    elif final:
         m = final[-1]
-        rec.status, rec.stage, rec.message = m["status"], m.get("stage", ""), m.get("message", "")
-        rec.flags = sorted(set(rec.flags) | set(m.get("flags", [])))
-        if m.get("artifacts"):
-            rec.artifacts = artifacts_from_worker(m["artifacts"])
+        rec.status, rec.stage, rec.message = m.status, m.stage, m.message
+        rec.flags = sorted(set(rec.flags) | set(m.flags))
+        if m.artifacts:
+            rec.artifacts = artifacts_from_worker(m.artifacts)
     elif how == "timeout":
         rec.status, rec.stage = "timeout", w.last_stage()
         rec.message = f"kernel evaluation hung during {rec.stage}, killed after {timeout:.0f}s"

@@ -10,7 +10,6 @@ measured against), and the decision may ask for one re-time under the parent's c
 
 from __future__ import annotations
 
-import json
 import secrets
 import statistics
 import threading
@@ -22,25 +21,27 @@ from typing import Any
 
 from mkb_eval.harness import attest, cores
 from mkb_eval.harness.attest import TimingVerdict, WindowCalibration, WindowStamps
+from mkb_eval.harness.protocol import (PREPPED, PROTOCOL_FLAG, PROTOCOL_STATUS, READY, SAVED, EndOp, EventsReport, Op,
+                                       PrepOp, ProtocolError, SaveOp, WindowOp, decode_digests, reply_text)
 from mkb_eval.records import Timing
 
 
 class WindowFailed(Exception):
     """A window did not complete: ``status`` None means the worker ended (its final message says why)."""
 
-    def __init__(self, status: str | None, message: str, how: str = "exited") -> None:
+    def __init__(self, status: str | None, message: str, how: str = "exited", flags: tuple[str, ...] = ()) -> None:
         super().__init__(message)
-        self.status, self.message, self.how = status, message, how
+        self.status, self.message, self.how, self.flags = status, message, how, flags
 
 
 def seeds(n: int) -> list[int]:
     return [secrets.randbits(63) for _ in range(n)]
 
 
-def _send(w: Any, **op: Any) -> int:
+def _send(w: Any, op: Op) -> int:
     """Send one operation to the worker; its send time (a worker that is gone ends the window)."""
     try:
-        return w.gate.send_op(**op)
+        return w.gate.send_op(op)
     except OSError:
         raise WindowFailed(None, "the worker ended during the timed phase") from None
 
@@ -64,39 +65,29 @@ def _reply(w: Any, timeout: float) -> tuple[bytes, int]:
         return data, stamp
 
 
-def _error_of(data: bytes) -> str:
-    try:
-        msg = json.loads(data)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return f"unexpected reply {data[:60]!r}"
-    return str(msg.get("error", msg))[:2000] if isinstance(msg, dict) else f"unexpected reply {data[:60]!r}"
-
-
 def run_window(w: Any, calls: int, tag: str, timeout: float, rechecks: int = attest.WINDOW_RECHECKS) -> WindowStamps:
     """One attested window of worker ``w`` (see :mod:`attest`): prep, seeds, ``R``, digests, then the
     ``rechecks`` outputs chosen now, at random, saved by the worker as ``<out>/<tag>_<i>.pt``."""
-    _send(w, op="prep", calls=calls)
+    _send(w, PrepOp(calls))
     data, _ = _reply(w, timeout)
-    if data != attest.PREPPED:
-        raise WindowFailed("runtime_error", "timed window: " + _error_of(data))
+    if data != PREPPED:
+        raise WindowFailed("runtime_error", "timed window: " + reply_text(data))
     win_seeds, key = seeds(calls), secrets.randbits(63)
-    sent = _send(w, op="window", seeds=win_seeds, key=key, tag=tag)
+    sent = _send(w, WindowOp(win_seeds, key, tag))
     data, ready = _reply(w, timeout)
-    if data != attest.READY:
-        raise WindowFailed("runtime_error", "timed window: " + _error_of(data))
+    if data != READY:
+        raise WindowFailed("runtime_error", "timed window: " + reply_text(data))
     data, done = _reply(w, timeout)
     try:
-        digests = json.loads(data)["digests"]
-        ok = isinstance(digests, list) and len(digests) == calls
-    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError):
-        ok = False
-    if not ok:
-        raise WindowFailed("runtime_error", "timed window: " + _error_of(data))
+        digests = decode_digests(data, calls)
+    except ProtocolError as e:
+        raise WindowFailed(PROTOCOL_STATUS, f"timed window: the worker broke the protocol: {e}",
+                           flags=(PROTOCOL_FLAG,)) from None
     which = sorted(secrets.SystemRandom().sample(range(calls), min(rechecks, calls)))
-    _send(w, op="save", which=which, tag=tag)
+    _send(w, SaveOp(which, tag))
     data, _ = _reply(w, timeout)
-    if data != attest.SAVED:
-        raise WindowFailed("runtime_error", "saving the timed window's outputs: " + _error_of(data))
+    if data != SAVED:
+        raise WindowFailed("runtime_error", "saving the timed window's outputs: " + reply_text(data))
     return WindowStamps(calls=calls, sent_ns=sent, ready_ns=ready, done_ns=done, digests=digests, saved=which,
                         seeds=win_seeds, key=key, tag=tag)
 
@@ -104,7 +95,7 @@ def run_window(w: Any, calls: int, tag: str, timeout: float, rechecks: int = att
 def finish(w: Any, timeout: float = 10.0) -> None:
     """Tell the worker the timed phase is over and give it a moment for its final message."""
     try:
-        _send(w, op="end")
+        _send(w, EndOp())
     except WindowFailed:
         return
     w.wait_for(("final",), timeout)
@@ -222,15 +213,15 @@ def attest_kernel(w: Any, ref: Reference, calls: int, tags: tuple[str, str], tim
     return wins, verdict
 
 
-def attested_phase(w: Any, ref: Reference, events: dict[str, Any], calls: int, timeout: float,
+def attested_phase(w: Any, ref: Reference, events: EventsReport, calls: int, timeout: float,
                    eager: Callable[[Callable[[], float]], float], stages: dict[str, float],
                    sol_ms: float | None, n_warmup: int, n_timed: int, warmup: list[int],
                    timing: list[int]) -> TimedOutcome:
     """Window, eager baseline and its window, the decision and at most one re-time. ``eager(measure)``
     gives the eager event ms (a sweep may take a problem's from its cache)."""
-    times = [float(x) for x in events["times_ms"]]
+    times = [float(x) for x in events.times_ms]
     event_ms = float(statistics.median(times))
-    device_ms = events.get("device_ms")
+    device_ms = events.device_ms
     eager_event: list[float] = []
     shared_first: list[bool] = []
 
@@ -253,8 +244,7 @@ def attested_phase(w: Any, ref: Reference, events: dict[str, Any], calls: int, t
                prewindow_excess_ms=[round(e, 4) for e in wins.excess],
                window_span_ms=[round(w.window_ms, 4) for w in wins.windows],
                window_commit_ms=[round(c.commit_ms, 5) for c in wins.calibrations],
-               kernel_device_ms=device_ms, host_call_ms=events.get("host_call_ms"),
-               cpu_probe_ms=events.get("cpu_probe_ms"),
+               kernel_device_ms=device_ms, host_call_ms=events.host_call_ms, cpu_probe_ms=events.cpu_probe_ms,
                kernel_cv=float(statistics.pstdev(times) / statistics.mean(times)) if times else None,
                eager_ms=eager_ms, eager_event_ms=eager_event[0], eager_attested_ms=eager_att,
                n_warmup=n_warmup, n_timed=n_timed, times_ms=[round(x, 5) for x in times])

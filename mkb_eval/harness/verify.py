@@ -34,6 +34,7 @@ from mkb_eval.harness.lane_hold import Held
 from mkb_eval.harness.lanes import GpuLane
 from mkb_eval.harness.phase1 import judge_phase1, run_phase1
 from mkb_eval.harness.policy import check_source
+from mkb_eval.harness.protocol import EventsOp, EventsReport, Final, Phase1Report
 from mkb_eval.harness.redact import redact_paths
 from mkb_eval.harness.spawn import Limits, Worker, fail_from_worker, host_gpu, spawn_worker, stage_times, tail
 from mkb_eval.records import Env, SandboxFacts, VerificationRecord, artifacts_from_worker
@@ -160,17 +161,17 @@ def _run_cpu(rec: VerificationRecord, prob: P.Problem, dsl: str, w: Worker, limi
                     bad = check_descriptor(saved.root, ref)
             except transport.TransportError as e:
                 bad = Mismatch("output", f"unreadable output file: {e}")
-        if msg and msg["status"] == "unverified" and bad:
+        if isinstance(msg, Final) and msg.status == "unverified" and bad:
             rec.status, rec.stage = "incorrect", "structure"
             rec.message = f"the returned structure does not match the reference's: {bad}"
-        elif msg and msg["status"] == "unverified":
+        elif isinstance(msg, Final) and msg.status == "unverified":
             rec.status, rec.stage = "unverified", "compile_only"
-            rec.message = (f"compiled for sm_90a on CPU ({msg.get('launches', 0)} launch(es) intercepted); "
+            rec.message = (f"compiled for sm_90a on CPU ({msg.launches} launch(es) intercepted); "
                            "correctness and speed need a GPU")
-            rec.artifacts = artifacts_from_worker(msg.get("artifacts", {}))
-            rec.stages_s.update(import_s=round(msg.get("import_s", 0.0), 3), compile_s=round(msg.get("compile_s", 0.0), 3))
-            if msg.get("after_launch_error"):
-                rec.artifacts.after_launch_error = str(msg["after_launch_error"])[-1000:]
+            rec.artifacts = artifacts_from_worker(msg.artifacts or {})
+            rec.stages_s.update(import_s=round(msg.import_s, 3), compile_s=round(msg.compile_s, 3))
+            if msg.after_launch_error:
+                rec.artifacts.after_launch_error = msg.after_launch_error[-1000:]
         else:
             fail_from_worker(rec, w, how, limits.cpu_s)
     finally:
@@ -200,13 +201,13 @@ def _run_gpu(rec: VerificationRecord, prob: P.Problem, dsl: str, w: Worker, size
         t0 = time.perf_counter()
         msg, how = w.wait_for(("ready", "final"), limits.correctness_s)
         rec.stages_s["worker_start"] = round(time.perf_counter() - t0, 3)
-        if not msg or msg["kind"] == "final":
+        if not msg or isinstance(msg, Final):
             fail_from_worker(rec, w, how, limits.correctness_s)
             return
         held = Held(lane)
         try:
             msg, how = run_phase1(w, held, limits.correctness_s, rec)
-            if not msg or msg["kind"] == "final":
+            if not isinstance(msg, Phase1Report):              # a final message, or none
                 fail_from_worker(rec, w, how, limits.correctness_s)
                 return
             if not judge_phase1(rec, judge, job, msg, out, between=held.step_aside):
@@ -276,12 +277,12 @@ def _timed_phase(rec: VerificationRecord, prob: P.Problem, judge: Any, job: dict
     warmup, timing_seeds = timed.seeds(WARMUP_DRAWS), timed.seeds(TIMING_DRAWS)
     t0 = time.perf_counter()
     try:                                  # the timing gate: the event draws' seeds reach the worker only now
-        w.gate.send_op(op="events", warmup_seeds=warmup, timing_seeds=timing_seeds, device=True)
+        w.gate.send_op(EventsOp(warmup, timing_seeds, device=True))
     except OSError:
         pass                              # the worker is gone: waiting below says how
     ev, how = w.wait_for(("events", "final"), limits.timing_s)
     rec.stages_s["worker_timing"] = round(time.perf_counter() - t0, 3)
-    if not ev or ev.get("kind") == "final":
+    if not isinstance(ev, EventsReport):                # a final message, or none
         fail_from_worker(rec, w, how, limits.timing_s)
         return None
     l2 = int(getattr(torch.cuda.get_device_properties(gpu), "L2_cache_size", 0) or 0)
@@ -301,6 +302,7 @@ def _timed_phase(rec: VerificationRecord, prob: P.Problem, judge: Any, job: dict
             fail_from_worker(rec, w, f.how, limits.timing_s)
         else:
             rec.status, rec.stage, rec.message = f.status, "attested_window", f.message
+            rec.flags = sorted(set(rec.flags) | set(f.flags))
         return None
     return _Outcome(res.timing, res.verdict, res.windows, res.calibrations, warmup, timing_seeds)
 

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from mkb_eval.harness import protocol
 from mkb_eval.harness.channel import Channel
 from mkb_eval.harness.worker_phase2 import Tools, read_op, serve_windows
 from mkb_eval.harness.worker_stop import Stop, classify, format_exc
@@ -78,6 +79,8 @@ class _Guard:
         self.items: list[tuple[str, Any, str, Any, Any]] = []
         self.send_fn: Any = None
         self.send_code: Any = None
+        self.encode_fn: Any = None
+        self.encode_code: Any = None
 
     def capture(self) -> None:
         from mkb_eval.harness import attest, tensors, timing, worker_phase2
@@ -90,6 +93,7 @@ class _Guard:
                           "collector_paused")),
                 (tensors, ("save", "snapshot", "walk", "digests", "digest", "to_device")),
                 (attest, ("worker_window", "commitments", "row_sums", "combine", "_weights", "_words", "warm_allocator", "warm_digest")),
+                (protocol, ("encode", "progress", "decode_op", "digests_reply", "error_reply")),
                 (os, ("write", "read", "_exit")), (json, ("dumps", "loads"))]
         for owner, names in plan:
             for name in names:
@@ -97,6 +101,7 @@ class _Guard:
                 self.items.append((f"{getattr(owner, '__name__', owner)}.{name}", owner, name, fn,
                                    getattr(fn, "__code__", None)))
         self.send_fn, self.send_code = Channel.send, Channel.send.__code__
+        self.encode_fn, self.encode_code = protocol.encode, protocol.encode.__code__
 
     def replaced(self, chan: Channel | None = None) -> list[str]:
         bad = ["channel.send (on the instance)"] if chan is not None and "send" in vars(chan) else []
@@ -106,13 +111,15 @@ class _Guard:
                 bad.append(label)
         return bad
 
-    def send(self, chan: Channel, **msg: Any) -> None:
-        """Send through the captured ``Channel.send``, its code restored, whatever was done to it."""
-        fn = self.send_fn or Channel.send
-        if self.send_code is not None:
-            fn.__code__ = self.send_code
+    def send(self, chan: Channel, msg: protocol.Message) -> None:
+        """Send through the captured ``Channel.send`` and ``protocol.encode``, their code restored,
+        whatever was done to them."""
+        fn, enc = self.send_fn or Channel.send, self.encode_fn or protocol.encode
+        for f, code in ((fn, self.send_code), (enc, self.encode_code)):
+            if code is not None:
+                f.__code__ = code
         chan.__dict__.pop("send", None)
-        fn(chan, **msg)
+        fn(chan, **enc(msg))
 
 
 GUARD = _Guard()
@@ -133,21 +140,21 @@ def main(argv: list[str]) -> int:
         os._exit(0)
     job = json.loads(data)
     chan = Channel(job["channel"], job["sentinel"])
-    stage = "start"
+    stage: Any = "start"                     # a protocol.Stage
 
-    def report(**kw: Any) -> None:                 # progress and final messages carry the worker's CPU seconds
+    def report(record: Any, **kw: Any) -> None:    # progress and final messages carry the worker's CPU seconds
         bad = GUARD.replaced(chan)
         if bad:                                    # evidence: say so through the captured send, then stop
-            GUARD.send(chan, kind="final", status="policy_violation", stage=stage, flags=["harness_patch"],
-                       message=f"harness functions replaced in the worker ({', '.join(bad[:8])})",
-                       cpu=round(time.process_time(), 3))
+            GUARD.send(chan, protocol.Final(status="policy_violation", stage=stage, flags=["harness_patch"],
+                                            message=f"harness functions replaced in the worker ({', '.join(bad[:8])})",
+                                            cpu=round(time.process_time(), 3)))
             os._exit(0)
-        chan.send(cpu=round(time.process_time(), 3), **kw)
+        chan.send(**protocol.encode(record(cpu=round(time.process_time(), 3), **kw)))
 
     def progress(s: str, **kw: Any) -> None:
         nonlocal stage
         stage = s
-        report(kind="progress", stage=s, t=time.time(), **kw)
+        report(protocol.progress, stage=s, t=time.time(), **kw)
 
     _pin(job.get("work_cpus"))               # start-up and compilation stay off the timing cores
     from mkb_eval.harness.confine import outside_write
@@ -157,11 +164,11 @@ def main(argv: list[str]) -> int:
         progress("setup", network="isolated" if network_isolated() else "shared",
                  outside_write=outside_write(Path(job["out_dir"]).parent))     # before the candidate exists
         result = run(job, chan, progress)
-        report(kind="final", status=result.pop("status"), stage="done", **result)
+        report(protocol.Final, status=result.pop("status"), stage="done", **result)
     except Stop as s:
-        report(kind="final", status=s.status, stage=stage, message=s.message, **s.extra)
+        report(protocol.Final, status=s.status, stage=stage, message=s.message, **s.extra)
     except BaseException as e:  # noqa: BLE001 - everything the candidate raises becomes a status
-        report(kind="final", status="runtime_error", stage=stage, message=format_exc(e))
+        report(protocol.Final, status="runtime_error", stage=stage, message=format_exc(e))
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)  # skip interpreter teardown: candidate atexit hooks and destructors do not run
@@ -250,14 +257,15 @@ def _gpu_tier(job: dict[str, Any], chan: Channel, progress: Any, solve: Any, mak
     candidate was imported (``run``)."""
     # ---- gate 1: start and imports overlap anything; GPU work waits for the GPU's lane ----------
     progress("ready")
-    if os.read(job["gate_fd"], 2) != b"go":
+    if os.read(job["gate_fd"], 2) != protocol.GO:
         return {"status": "stopped", "message": "stopped by the parent before phase 1"}
     # the last draw's inputs stay allocated until the DSL-dependence draw's inputs replace them (re-timing: through phase 2)
     draws, first_call_s, corr_s, inputs = _correctness_draws(job, chan, progress, make, call, check_tamper, clock, log,
                                                              tensors, out_dir)
 
     # ---- the DSL-dependence draw: launches suppressed, free memory poisoned ------------------
-    poisoned, nodsl = 0, "skipped"
+    poisoned = 0
+    nodsl: protocol.NoDsl = "skipped"
     if job.get("nodsl_seed") is not None:             # (a re-timing job skips it: verified before)
         progress("dsl_dependence")
         poisoned = tensors.poison_free_memory(device)
@@ -282,8 +290,9 @@ def _gpu_tier(job: dict[str, Any], chan: Channel, progress: Any, solve: Any, mak
 
     log.on_compile = None                # compiles from here on (in timing) are the candidate's time
     check_tamper("before the phase-1 report")
-    chan.send(kind="phase1", stage="correctness", draws=draws, nodsl=nodsl, poisoned_bytes=poisoned,
-              import_s=import_s, first_call_s=first_call_s, correctness_s=corr_s)
+    chan.send(**protocol.encode(protocol.Phase1Report(
+        stage="correctness", draws=draws, nodsl=nodsl, poisoned_bytes=poisoned, import_s=import_s,
+        first_call_s=first_call_s, correctness_s=corr_s)))
     # ---- gate: the parent judges phase 1; the timing gate brings the first timing op --------------
     op = read_op(job["gate_fd"])
     if op is None:
@@ -295,7 +304,7 @@ def _gpu_tier(job: dict[str, Any], chan: Channel, progress: Any, solve: Any, mak
 
 def _correctness_draws(job: dict[str, Any], chan: Channel, progress: Any, make: Any, call: Any, check_tamper: Any,
                        clock: Any, log: Any, tensors: Any, out_dir: Path
-                       ) -> tuple[list[dict[str, Any]], float | None, float, list[Any] | None]:
+                       ) -> tuple[list[protocol.Draw], float | None, float, list[Any] | None]:
     """Phase 1's correctness draws, their outputs saved for the judge: (the draws' report, the first
     call's seconds, the draws' seconds, the last draw's inputs). The lane requests of compiles stay
     installed until the caller removes them after the DSL-dependence draw."""
@@ -304,15 +313,15 @@ def _correctness_draws(job: dict[str, Any], chan: Channel, progress: Any, make: 
     # Between draws the worker offers the lane to a waiting timed phase (the parent decides).
     lane_events, lane_wait = 0, 0.0
 
-    def lane(want: str) -> None:
+    def lane(want: protocol.LaneWant) -> None:
         nonlocal lane_events, lane_wait
         lane_events += 1
         if want != "shared":
             clock.synchronize()                           # nothing of ours left queued on the GPU
-        chan.send(kind="lane", n=lane_events, want=want)
+        chan.send(**protocol.encode(protocol.Lane(n=lane_events, want=want)))
         if want != "release":
             t = time.perf_counter()
-            if os.read(job["gate_fd"], 2) != b"go":
+            if os.read(job["gate_fd"], 2) != protocol.GO:
                 os._exit(0)                               # the parent stopped this evaluation
             lane_wait += time.perf_counter() - t          # not the candidate's time
 
@@ -320,7 +329,7 @@ def _correctness_draws(job: dict[str, Any], chan: Channel, progress: Any, make: 
         lane("release" if event == "start" else "shared")
 
     log.on_compile = on_compile
-    draws: list[dict[str, Any]] = []
+    draws: list[protocol.Draw] = []
     inputs: list[Any] | None = None
     prev: list[Any] | None = None
     t_corr = time.perf_counter()
@@ -341,7 +350,7 @@ def _correctness_draws(job: dict[str, Any], chan: Channel, progress: Any, make: 
             raise Stop("no_dsl_kernel", f"correctness draw {i + 1}: solve launched no {job['dsl']} kernel "
                                         f"(compiled functions created: {log.compiled[job['dsl']]})")
         tensors.save(snap, out_dir / f"corr_{i}.pt")
-        draws.append({"draw": i, "launches": launched, "input_digests": tensors.digests(inputs), "addresses": addrs})
+        draws.append(protocol.Draw(draw=i, launches=launched, input_digests=tensors.digests(inputs), addresses=addrs))
         check_tamper(f"in correctness draw {i + 1}")
         prev = inputs
         del out, snap

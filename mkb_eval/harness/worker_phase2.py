@@ -4,7 +4,6 @@ The harness functions it calls come bound before the candidate was imported (:cl
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import time
@@ -12,18 +11,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mkb_eval.harness import protocol
 from mkb_eval.harness.worker_stop import Stop, classify, format_exc
 
 
-def read_op(fd: int) -> dict[str, Any] | None:
-    """The parent's next operation on the gate socket (one packet of JSON); None: stop, or the parent left."""
+def read_op(fd: int) -> protocol.Op | None:
+    """The parent's next operation on the gate socket (one packet of JSON); None: stop, end, or the parent left."""
     from mkb_eval.harness.gate import MAX_PACKET
 
-    data = os.read(fd, MAX_PACKET)
-    if not data.startswith(b"{"):
-        return None
-    op = json.loads(data)
-    return op if isinstance(op, dict) and op.get("op") != "end" else None
+    return protocol.decode_op(os.read(fd, MAX_PACKET))
 
 
 @dataclass
@@ -39,49 +35,46 @@ class Tools:
     walk: Any
 
 
-def serve_windows(job: dict[str, Any], op: dict[str, Any] | None, solve: Any, make: Any, clock: Any, device: Any,
+def serve_windows(job: dict[str, Any], op: protocol.Op | None, solve: Any, make: Any, clock: Any, device: Any,
                   log: Any, progress: Any, check_tamper: Any, tools: Tools) -> dict[str, Any]:
     """Phase 2: the parent's timing operations, one after another, until it says ``end``:
     ``events`` (the event-timed draws on the seeds it brings), ``prep`` (hold the window's memory once),
     ``window`` (an attested window: :func:`attest.worker_window`), ``save`` (the window outputs it chose)."""
-    from mkb_eval.harness.attest import PREPPED, SAVED
-
     fd, out_dir = job["gate_fd"], Path(job["out_dir"])
     sizes: list[int] = []
     outs: list[Any] = []
     n_events = 0
     while op is not None:
-        kind = op.get("op")
-        if kind == "events":
+        if isinstance(op, protocol.EventsOp):
             n_events += 1
             res, sizes = _event_draws(op, solve, make, clock, device, log, progress, check_tamper, tools)
             progress("events", n=n_events, **res)
-        elif kind == "prep":
+        elif isinstance(op, protocol.PrepOp):
             outs = []
             try:
-                tools.warm_allocator(sizes, int(op["calls"]) + 1, device)
+                tools.warm_allocator(sizes, int(op.calls) + 1, device)
             except BaseException as e:  # noqa: BLE001 - too little memory for the window: the parent decides
-                os.write(fd, json.dumps({"error": "holding the window's memory: " + format_exc(e, 1500)}).encode())
+                os.write(fd, protocol.error_reply("holding the window's memory: " + format_exc(e, 1500)))
             else:
-                os.write(fd, PREPPED)
-        elif kind == "window":
+                os.write(fd, protocol.PREPPED)
+        elif isinstance(op, protocol.WindowOp):
             outs = []
             try:
                 outs, _ = tools.worker_window(fd, op, make, solve, clock.synchronize)
             except BaseException as e:  # noqa: BLE001
                 raise Stop(classify(e, True), "timed window: " + format_exc(e)) from None
             check_tamper("after a timed window")
-        elif kind == "save":
-            for i in op["which"]:
-                tools.save(outs[int(i)], out_dir / f"{op['tag']}_{int(i)}.pt")
+        elif isinstance(op, protocol.SaveOp):
+            for i in op.which:
+                tools.save(outs[int(i)], out_dir / f"{op.tag}_{int(i)}.pt")
             outs = []
-            os.write(fd, SAVED)
+            os.write(fd, protocol.SAVED)
         op = read_op(fd)
     progress("report")
     return {"status": "timed", "windows_served": n_events}
 
 
-def _event_draws(op: dict[str, Any], solve: Any, make: Any, clock: Any, device: Any, log: Any, progress: Any,
+def _event_draws(op: protocol.EventsOp, solve: Any, make: Any, clock: Any, device: Any, log: Any, progress: Any,
                  check_tamper: Any, tools: Tools) -> tuple[dict[str, Any], list[int]]:
     """The event-timed draws of one ``events`` op (the worker's report: evidence beside the attested
     window) and the byte sizes of one input and output set (for ``prep``)."""
@@ -111,7 +104,7 @@ def _event_draws(op: dict[str, Any], solve: Any, make: Any, clock: Any, device: 
             last.append([t.numel() * t.element_size() for t in tools.walk(out)])
         return None
 
-    warmup, timing = [int(x) for x in op["warmup_seeds"]], [int(x) for x in op["timing_seeds"]]
+    warmup, timing = [int(x) for x in op.warmup_seeds], [int(x) for x in op.timing_seeds]
     probe = [cpu_probe_ms()]
     t_time = time.perf_counter()
     try:
@@ -128,7 +121,7 @@ def _event_draws(op: dict[str, Any], solve: Any, make: Any, clock: Any, device: 
     timed_host = host_s[len(warmup):]
     host_ms = 1e3 * statistics.median(timed_host) if timed_host else None
     dev_ms = None
-    if op.get("device", True):
+    if op.device:
         progress("device_time")
         try:                                  # informative: a failure here leaves the verdict as it is
             dev_ms = stream_time_ms(solve, make, timing[:10], clock, device, host_ms or 0.0)

@@ -3,7 +3,9 @@ verdict with fake clocks, the commitment digest, kernel-stamped replies, the who
 between a worker thread and the parent's driver, the harness guard, the new status, and re-timing
 on the CPU tier."""
 
+import dataclasses
 import itertools
+import json
 import os
 import random
 import statistics
@@ -15,7 +17,7 @@ import pytest
 import torch
 
 from mkb_eval import problems as P
-from mkb_eval.harness import attest, timed, worker, worker_phase2
+from mkb_eval.harness import attest, protocol, timed, worker, worker_phase2
 from mkb_eval.harness import jobs as J
 from mkb_eval.harness.attest import WindowCalibration, WindowStamps
 from mkb_eval.harness.gate import GateSocket
@@ -185,8 +187,9 @@ class _FakeWorker:
                                     attest.warm_allocator, tensors.save, tensors.walk)
         job = {"gate_fd": self.gate.child_fd(), "out_dir": str(out_dir)}
 
-        def progress(stage, **kw):
-            self.msgs.append({"kind": "progress", "stage": stage, **kw})
+        def progress(stage, **kw):                               # through the wire, as the parent reads it
+            wire = json.dumps(protocol.encode(protocol.progress(stage, time.time(), 0.0, **kw)))
+            self.msgs.append(protocol.decode(json.loads(wire)))
 
         def run():
             op = worker_phase2.read_op(job["gate_fd"])
@@ -203,7 +206,7 @@ class _FakeWorker:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             for m in self.msgs:
-                if m.get("stage") in kinds and not (unless and unless(m)):
+                if getattr(m, "stage", None) in kinds and not (unless and unless(m)):
                     return m, "message"
             time.sleep(0.01)
         return None, "timeout"
@@ -222,9 +225,9 @@ def test_the_window_protocol_end_to_end_with_the_judge(tmp_path):
 
     fw = _FakeWorker(tmp_path, solve, judge.inputs)
     try:
-        fw.gate.send_op(op="events", warmup_seeds=[1], timing_seeds=[2, 3, 4], device=True)
+        fw.gate.send_op(protocol.EventsOp([1], [2, 3, 4], device=True))
         ev, _ = fw.wait_for(("events",), 30)
-        assert ev and len(ev["times_ms"]) == 3 and ev["device_ms"] == 0.01
+        assert isinstance(ev, protocol.EventsReport) and len(ev.times_ms) == 3 and ev.device_ms == 0.01
         st = timed.run_window(fw, 5, "win0", 30)
         assert st.calls == 5 and len(st.digests) == 5 and len(st.saved) == attest.WINDOW_RECHECKS
         assert st.sent_ns < st.ready_ns < st.done_ns
@@ -318,12 +321,12 @@ def test_the_attested_phase_records_what_the_parent_saw_and_rejects_a_forged_rep
         return mod.reference(h, r, w)
 
     fw = _FakeWorker(tmp_path, solve, judge.inputs)
-    fw.msgs = type("Forging", (list,), {"append": lambda self, m: list.append(self, {
-        **m, **({"times_ms": [t * forge for t in m["times_ms"]]} if "times_ms" in m else {})})})()
+    fw.msgs = type("Forging", (list,), {"append": lambda self, m: list.append(self, dataclasses.replace(
+        m, times_ms=[t * forge for t in m.times_ms]) if isinstance(m, protocol.EventsReport) else m)})()
     ref = timed.Reference(p, "smoke", judge)
     monkeypatch.setattr(timed.Reference, "event_ms", lambda self, warmup, timing, compiled=False: 0.5)
     try:
-        fw.gate.send_op(op="events", warmup_seeds=[1], timing_seeds=[2, 3, 4], device=True)
+        fw.gate.send_op(protocol.EventsOp([1], [2, 3, 4], device=True))
         ev, _ = fw.wait_for(("events",), 30)
         stages = {}
         res = timed.attested_phase(fw, ref, ev, 4, 30, lambda measure: measure(), stages, sol_ms=None,

@@ -11,6 +11,7 @@ from mkb_eval.harness.jobs import CORRECTNESS_DRAWS
 from mkb_eval.harness.lane_hold import Held
 from mkb_eval.harness.lanes import GpuLane
 from mkb_eval.harness.phase1 import judge_phase1, run_phase1
+from mkb_eval.harness.protocol import Draw, Lane, Phase1Report
 from mkb_eval.harness.spawn import Worker
 from mkb_eval.records import VerificationRecord
 
@@ -60,11 +61,15 @@ def test_cute_compile_entry_point_is_wrapped():
     assert getattr(CompileCallable._compile, "_mkb_observed", False)
 
 
+_PHASE1 = Phase1Report(stage="correctness", draws=[], nodsl="raised", poisoned_bytes=0, import_s=0.0, first_call_s=0.0,
+                       correctness_s=0.0)
+
+
 class _FakeWorker:
     """The parent's view of a worker (its messages and gate) driven by a script in a thread."""
 
     def __init__(self) -> None:
-        self.msgs: list[dict] = []
+        self.msgs: list = []
         self.gates: list[float] = []
         self.proc = type("P", (), {"poll": staticmethod(lambda: None)})()
 
@@ -95,15 +100,15 @@ def test_phase1_gives_the_lane_back_while_the_worker_compiles():
     def worker_script():
         while not w.gates:
             time.sleep(0.01)
-        w.msgs.append({"kind": "lane", "n": 1, "want": "release"})
+        w.msgs.append(Lane(n=1, want="release"))
         t = threading.Thread(target=other_evaluation_times)
         t.start()
         while "start" not in timed:
             time.sleep(0.01)
-        w.msgs.append({"kind": "lane", "n": 2, "want": "shared"})
+        w.msgs.append(Lane(n=2, want="shared"))
         while len(w.gates) < 2:
             time.sleep(0.01)
-        w.msgs.append({"kind": "phase1", "draws": []})
+        w.msgs.append(_PHASE1)
         t.join()
 
     script = threading.Thread(target=worker_script)
@@ -114,7 +119,7 @@ def test_phase1_gives_the_lane_back_while_the_worker_compiles():
     finally:
         held.release()
     script.join()
-    assert msg["kind"] == "phase1" and how == "message"
+    assert msg is _PHASE1 and how == "message"
     assert w.gates[1] >= timed["end"]                     # the worker went on only after the timing ended
     assert rec.stages_s["compile_lane_wait"] >= 0.2
 
@@ -141,10 +146,10 @@ def test_phase1_steps_aside_between_draws_for_a_waiting_timed_phase():
         t.start()                                         # queued behind this evaluation's shared hold
         while not lane._waiting_exclusive:
             time.sleep(0.001)
-        w.msgs.append({"kind": "lane", "n": 1, "want": "step_aside"})
+        w.msgs.append(Lane(n=1, want="step_aside"))
         while len(w.gates) < 2:
             time.sleep(0.01)
-        w.msgs.append({"kind": "phase1", "draws": []})
+        w.msgs.append(_PHASE1)
 
     script = threading.Thread(target=worker_script)
     script.start()
@@ -155,7 +160,7 @@ def test_phase1_steps_aside_between_draws_for_a_waiting_timed_phase():
         held.release()
     script.join()
     t.join()
-    assert msg["kind"] == "phase1" and how == "message"
+    assert msg is _PHASE1 and how == "message"
     assert w.gates[1] >= timed["end"]                     # the worker went on after the timed phase
     assert held.stepped_aside >= 0.2 and rec.stages_s["compile_lane_wait"] == 0.0
 
@@ -177,8 +182,9 @@ def test_judging_steps_aside_between_checks_and_that_wait_is_not_judging_time():
 
     rec = VerificationRecord(status="crashed", problem_id=28, problem="p", problem_hash="h", dsl="tirx",
                                kernel_sha256="k", tier="gpu", size="full", created_at="now")
-    draws = [{"draw": i, "input_digests": [], "launches": 1, "addresses": [i]} for i in range(CORRECTNESS_DRAWS)]
-    msg = {"import_s": 0, "first_call_s": 0, "correctness_s": 0, "draws": draws, "nodsl": "raised"}
+    draws = [Draw(draw=i, input_digests=[], launches=1, addresses=[i]) for i in range(CORRECTNESS_DRAWS)]
+    msg = Phase1Report(stage="correctness", import_s=0.0, first_call_s=0.0, correctness_s=0.0, draws=draws, nodsl="raised",
+                       poisoned_bytes=0)
     job = {"correctness_seeds": list(range(CORRECTNESS_DRAWS)), "nodsl_seed": 9}
     assert judge_phase1(rec, Judge(), job, msg, Path("."), between=between)
     assert calls[:2] == ["between", "check"] and calls.count("between") == CORRECTNESS_DRAWS + 1
