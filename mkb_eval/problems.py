@@ -24,10 +24,10 @@ import yaml
 
 from mkb_eval.vocab import DSLS as DSLS  # re-exported: P.DSLS is used across the package
 from mkb_eval.vocab import FAMILIES
+from mkb_eval.vocab import SIZES as SIZES  # re-exported: P.SIZES (the CLI's --size choices)
 
 DTYPES = ("bf16", "fp16", "fp32", "fp8", "nvfp4", "uint8", "int32_int64")
 LICENSES = ("Apache-2.0",)
-SIZES = ("full", "smoke")
 
 # H200 SXM datasheet: 4.8 TB/s HBM3e; dense tensor-core / CUDA-core rates in FLOP/s.
 H200_BANDWIDTH = 4.8e12

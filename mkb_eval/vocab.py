@@ -1,6 +1,6 @@
 """The benchmark's closed vocabularies, in one leaf module every layer may import.
 
-Statuses, DSLs, families, arms and directions used to be spelled in the problem loader, the record
+Statuses, DSLs, families, tiers, sizes, arms and directions used to be spelled in the problem loader, the record
 module and the metrics' reader, and the agent took the attempt schema's constants from the metrics;
 they live here now (as ``Literal`` types for the typed records, and as tuples) and those modules
 re-export them.
@@ -13,6 +13,7 @@ from typing import Literal, get_args
 Dsl = Literal["cutedsl", "tirx"]
 Family = Literal["attention", "kv_cache", "mlp_norm", "moe", "quantization", "linear_attention"]
 Tier = Literal["gpu", "cpu"]
+Size = Literal["full", "smoke"]     # a problem's input sizes: full (timed), smoke (the CPU tier's, and quick checks)
 # one verification's outcome; implausible_time: a time below the problem's speed-of-light bound (beyond the
 # SOL model's margin) that stood a re-time under the parent's clock
 Status = Literal["ok", "incorrect", "compile_error", "runtime_error", "timeout", "crashed", "policy_violation",
@@ -25,6 +26,7 @@ Arm = Literal["solo_cutedsl", "solo_tirx", "cutedsl2tirx_skill", "tirx2cutedsl_s
 DSLS: tuple[str, ...] = get_args(Dsl)
 FAMILIES: tuple[str, ...] = get_args(Family)
 TIERS: tuple[str, ...] = get_args(Tier)
+SIZES: tuple[str, ...] = get_args(Size)
 STATUSES: tuple[str, ...] = get_args(Status)
 ATTEMPT_STATUSES: tuple[str, ...] = get_args(AttemptStatus)
 DIRECTIONS: tuple[str, ...] = get_args(Direction)
