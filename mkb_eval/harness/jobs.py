@@ -1,4 +1,4 @@
-"""The job a worker gets at start, and the protocol's draw counts.
+"""The job a worker gets at start (a :class:`.job.Job`), and the protocol's draw counts.
 
 Kept apart from the orchestration so that re-timing and the agent's baselines build the same job
 (seeds, cores, the worker's view of the problem folder) without importing all of :mod:`verify`.
@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import secrets
 from pathlib import Path
-from typing import Any
 
 from mkb_eval import problems as P
 from mkb_eval.harness import cores
+from mkb_eval.harness.job import Job, checked
 from mkb_eval.harness.sandbox import code_root, repo_root
 
 CORRECTNESS_DRAWS = 5
@@ -25,18 +25,20 @@ def _seed() -> int:
 
 
 def make_job(prob: P.Problem, dsl: str, root: Path, tier: str, size: str, device: str, gpu: int = 0,
-             user: str | None = None, mode: str = "verify") -> dict[str, Any]:
+             user: str | None = None, mode: str = "verify") -> Job:
     """What a worker gets at start: correctness seeds only. The timed draws' seeds come through the
     gate at the timing gate and each attested window's with it; re-checks are chosen after the window.
-    ``mode="retime"``: one correctness draw and no DSL-dependence draw (the kernel was verified before)."""
+    ``mode="retime"``: one correctness draw and no DSL-dependence draw (the kernel was verified before).
+    The worker's channel and gate are attached by its ``start``; a value outside the job's vocabularies
+    is refused here (:func:`.job.checked`)."""
     timing_cpu, work_cpus = gpu_cores(gpu) if tier == "gpu" else (None, None)
     n = 1 if mode == "retime" else CORRECTNESS_DRAWS
-    return {"problem_dir": str(worker_path(prob.path, user)), "dsl": dsl, "tier": tier, "size": size, "device": device,
-            "kernel_path": str(root / "work" / "kernel.py"), "out_dir": str(root / "out"), "dump_dir": str(root / "dump"),
-            "mode": mode, "correctness_seeds": [_seed() for _ in range(n)],
-            "reuse_draws": list(REUSE_DRAWS) if mode == "verify" else [],
-            "nodsl_seed": _seed() if mode == "verify" else None,
-            "timing_cpu": timing_cpu, "work_cpus": work_cpus}
+    return checked(problem_dir=str(worker_path(prob.path, user)), dsl=dsl, tier=tier, size=size, device=device,
+                   kernel_path=str(root / "work" / "kernel.py"), out_dir=str(root / "out"), dump_dir=str(root / "dump"),
+                   mode=mode, correctness_seeds=[_seed() for _ in range(n)],
+                   reuse_draws=list(REUSE_DRAWS) if mode == "verify" else [],
+                   nodsl_seed=_seed() if mode == "verify" else None,
+                   timing_cpu=timing_cpu, work_cpus=work_cpus)
 
 
 def worker_path(path: Path, user: str | None) -> Path:

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from mkb_eval.harness.job import Job
 from mkb_eval.harness.jobs import CORRECTNESS_DRAWS, REUSE_DRAWS
 from mkb_eval.harness.lane_hold import Held
 from mkb_eval.harness.protocol import Lane, Message, Phase1Report, ProtocolError
@@ -49,19 +50,19 @@ def run_phase1(w: Worker, held: Held, budget: float, rec: VerificationRecord) ->
     return msg, how
 
 
-def _not_as_asked(job: dict[str, Any], msg: Phase1Report) -> ProtocolError | None:
+def _not_as_asked(job: Job, msg: Phase1Report) -> ProtocolError | None:
     """A phase-1 report of other draws than the job's (each seed once, in order), or of a DSL-dependence
     draw the job did not ask for: judged as it stands it would skip a check or fail the parent."""
-    got, want = [d.draw for d in msg.draws], list(range(len(job["correctness_seeds"])))
+    got, want = [d.draw for d in msg.draws], list(range(len(job.correctness_seeds)))
     if got != want:
         return ProtocolError("phase1.draws", f"draws {got[:8]} for a job of {len(want)} draws")
-    if (msg.nodsl == "skipped") != (job["nodsl_seed"] is None):
-        return ProtocolError("phase1.nodsl", f"{msg.nodsl!r} for a job {'without' if job['nodsl_seed'] is None else 'with'}"
+    if (msg.nodsl == "skipped") != (job.nodsl_seed is None):
+        return ProtocolError("phase1.nodsl", f"{msg.nodsl!r} for a job {'without' if job.nodsl_seed is None else 'with'}"
                                              " a DSL-dependence draw")
     return None
 
 
-def judge_phase1(rec: VerificationRecord, judge: Any, job: dict[str, Any], msg: Phase1Report, out: Path,
+def judge_phase1(rec: VerificationRecord, judge: Any, job: Job, msg: Phase1Report, out: Path,
                   between: Callable[[], float] = lambda: 0.0) -> bool:
     """Correctness of the 5 draws and the DSL-dependence draw; False (status set) when they fail.
     ``between`` runs between checks (the lane's step aside; its seconds are not judging time)."""
@@ -74,7 +75,7 @@ def judge_phase1(rec: VerificationRecord, judge: Any, job: dict[str, Any], msg: 
     t0 = time.perf_counter()
     for d in msg.draws:
         t0 += between()
-        bad = judge.check(job["correctness_seeds"][d.draw], out / f"corr_{d.draw}.pt", d.input_digests)
+        bad = judge.check(job.correctness_seeds[d.draw], out / f"corr_{d.draw}.pt", d.input_digests)
         if bad:
             reused = " (inputs refilled in the previous draw's buffers)" if d.draw in REUSE_DRAWS else ""
             rec.status, rec.stage = "incorrect", "correctness"
@@ -87,7 +88,7 @@ def judge_phase1(rec: VerificationRecord, judge: Any, job: dict[str, Any], msg: 
     c.draws_passed, c.launches = CORRECTNESS_DRAWS, [d.launches for d in msg.draws]
     c.distinct_input_addresses = len(set(addrs))
     t0 += between()
-    if msg.nodsl == "returned" and judge.check(job["nodsl_seed"], out / "nodsl.pt") is None:
+    if msg.nodsl == "returned" and judge.check(job.nodsl_seed, out / "nodsl.pt") is None:
         rec.status, rec.stage = "no_dsl_kernel", "dsl_dependence"
         rec.message = ("the output is still correct with every DSL launch suppressed and free memory poisoned: "
                        "the DSL kernel does not compute the result")

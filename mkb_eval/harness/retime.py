@@ -22,6 +22,7 @@ from typing import Any
 from mkb_eval import problems as P
 from mkb_eval.env import describe
 from mkb_eval.harness import attest, timed
+from mkb_eval.harness.job import Job
 from mkb_eval.harness.protocol import EventsOp, EventsReport, Final, Phase1Report
 from mkb_eval.harness.quiet import LOUD
 
@@ -144,7 +145,7 @@ def _retime_gpu(prob: P.Problem, kernels: dict[str, tuple[str, Path]], orders: l
             stages["start_and_check"] = round(time.perf_counter() - t0, 3)
         l2 = int(getattr(torch.cuda.get_device_properties(gpu), "L2_cache_size", 0) or 0)
         calls = attest.window_calls(*judge.io_bytes, l2) if judge.io_bytes else attest.WINDOW_CALLS
-        cpu = next((j["timing_cpu"] for j in jobs.values()), None)
+        cpu = next((j.timing_cpu for j in jobs.values()), None)
         ref = timed.Reference(prob, "full", judge, lane.timer, cpu, reuse=True)
         with quiet.quiet() as waited:                    # the timed rounds: nothing else of the process runs
             stages["quiet_wait"] = round(waited, 3)
@@ -174,14 +175,14 @@ def _retime_gpu(prob: P.Problem, kernels: dict[str, tuple[str, Path]], orders: l
 
 
 def _start_sides(prob: P.Problem, sides: dict[str, _Side], gpu: int, limits: Any,
-                 pool: Any) -> dict[str, dict[str, Any]]:
+                 pool: Any) -> dict[str, Job]:
     """A worker per kernel that passes the static policy, all started before any is waited for (their
     imports overlap); the jobs by label. A kernel the policy refuses is marked failed instead."""
     from mkb_eval.harness.jobs import make_job
     from mkb_eval.harness.policy import check_source
     from mkb_eval.harness.spawn import spawn_worker
 
-    jobs: dict[str, dict[str, Any]] = {}
+    jobs: dict[str, Job] = {}
     for side in sides.values():
         pol = check_source(Path(side.path).read_text(errors="replace"), side.path.name)
         if pol.violations or {"syntax_error", "missing_solve"} & set(pol.flags):
@@ -209,7 +210,7 @@ def _judge_rounds(judge: Any, sides: dict[str, _Side], results: list[RetimeWindo
                 win.status, win.kernel_ms, win.message = "incorrect", None, bad
 
 
-def _sanity(side: _Side, job: dict[str, Any], judge: Any, lane: Any, limits: Any) -> None:
+def _sanity(side: _Side, job: Job, judge: Any, lane: Any, limits: Any) -> None:
     """Phase 1 of a re-timing worker (one correctness draw), judged; a failure marks the side."""
     from mkb_eval.harness.lane_hold import Held
     from mkb_eval.harness.phase1 import judge_phase1, run_phase1

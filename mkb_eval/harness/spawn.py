@@ -15,7 +15,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ from mkb_eval.dsl import SPECS
 from mkb_eval.harness.channel import read_messages
 from mkb_eval.harness.forkserver import ForkServer, killpg
 from mkb_eval.harness.gate import GateSocket
+from mkb_eval.harness.job import Job
 from mkb_eval.harness.lanes import physical_gpu
 from mkb_eval.harness.protocol import (FAILURES, GO, PROTOCOL_FLAG, PROTOCOL_STATUS, STOP, EventsReport, Final,
                                        Malformed, Message, Progress, ProtocolError, Setup)
@@ -130,13 +131,12 @@ class Worker:
     def forked(self) -> bool:
         return self.server is not None
 
-    def start(self, job: dict[str, Any]) -> None:
-        import json
-
-        job = {**job, "sentinel": self.sentinel, "channel": str(self.channel), "gate_fd": self.child_gate_fd}
+    def start(self, job: Job) -> None:
+        """Send ``job``, with this worker's channel and gate attached, and close the worker's stdin."""
+        job = replace(job, sentinel=self.sentinel, channel=str(self.channel), gate_fd=self.child_gate_fd)
         assert self.proc.stdin is not None
         try:
-            self.proc.stdin.write(json.dumps(job).encode())
+            self.proc.stdin.write(job.encode())
             self.proc.stdin.close()
         except BrokenPipeError:
             pass

@@ -29,6 +29,7 @@ from mkb_eval import problems as P
 from mkb_eval.env import describe
 from mkb_eval.harness import attest, timed
 from mkb_eval.harness.baselines import eager_baseline, time_compile_baseline
+from mkb_eval.harness.job import Job
 from mkb_eval.harness.jobs import CORRECTNESS_DRAWS, TIMING_DRAWS, WARMUP_DRAWS, make_job
 from mkb_eval.harness.lane_hold import Held
 from mkb_eval.harness.lanes import GpuLane
@@ -146,7 +147,7 @@ def _run_cpu(rec: VerificationRecord, prob: P.Problem, dsl: str, w: Worker, limi
     job = make_job(prob, dsl, root, "cpu", "smoke", "cpu", user=w.limits.sandbox.run_as)
     t0 = time.perf_counter()
     judge = Judge(prob, "smoke", "cpu")
-    ref, _ = judge.expected(judge.inputs(job["correctness_seeds"][0]))   # reference and anchor at smoke size
+    ref, _ = judge.expected(judge.inputs(job.correctness_seeds[0]))   # reference and anchor at smoke size
     rec.stages_s["reference_smoke"] = round(time.perf_counter() - t0, 3)
     rec.correctness.reference_smoke = "ok"
     del torch
@@ -224,7 +225,7 @@ def _run_gpu(rec: VerificationRecord, prob: P.Problem, dsl: str, w: Worker, size
             timed.finish(w)
             w.kill()
             time_compile_baseline(rec, prob, size, outcome.timing, compile_baseline, cache_dir,
-                                  timed.Reference(prob, size, judge, lane.timer, job["timing_cpu"]), outcome.warmup,
+                                  timed.Reference(prob, size, judge, lane.timer, job.timing_cpu), outcome.warmup,
                                   outcome.timing_seeds)
     finally:
         w.kill()
@@ -268,7 +269,7 @@ class _Outcome(timed.TimedOutcome):
     timing_seeds: list[int] = field(default_factory=list)
 
 
-def _timed_phase(rec: VerificationRecord, prob: P.Problem, judge: Any, job: dict[str, Any], w: Worker, size: str,
+def _timed_phase(rec: VerificationRecord, prob: P.Problem, judge: Any, job: Job, w: Worker, size: str,
                  gpu: int, lane: GpuLane, limits: Limits, cache_dir: Path, reuse_eager: bool) -> _Outcome | None:
     """Inside the exclusive lane: the timing gate with the event draws' seeds, the worker's event report,
     then :func:`timed.attested_phase`. None (status set) when the worker failed."""
@@ -288,7 +289,7 @@ def _timed_phase(rec: VerificationRecord, prob: P.Problem, judge: Any, job: dict
     l2 = int(getattr(torch.cuda.get_device_properties(gpu), "L2_cache_size", 0) or 0)
     io = judge.io_bytes                   # (input, reference output) bytes of a draw, once a draw was judged
     calls = attest.window_calls(io[0], io[1], l2) if io is not None else attest.WINDOW_CALLS
-    ref = timed.Reference(prob, size, judge, lane.timer, job["timing_cpu"], share=reuse_eager)
+    ref = timed.Reference(prob, size, judge, lane.timer, job.timing_cpu, share=reuse_eager)
 
     def eager(measure: Callable[[], float]) -> float:
         return eager_baseline(rec, prob, size, cache_dir, reuse_eager, measure)

@@ -24,8 +24,9 @@ from typing import Any
 
 from mkb_eval.harness import protocol
 from mkb_eval.harness.channel import Channel
+from mkb_eval.harness.job import Job
 from mkb_eval.harness.worker_phase2 import Tools, read_op, serve_windows
-from mkb_eval.harness.worker_stop import Stop, classify, format_exc
+from mkb_eval.harness.worker_stop import Stop, classify, format_exc, read_job
 
 
 def _import_file(path: Path, name: str) -> Any:
@@ -138,8 +139,8 @@ def main(argv: list[str]) -> int:
     sys.stdin.close()
     if not data.strip():                     # a warm worker whose parent left without a job
         os._exit(0)
-    job = json.loads(data)
-    chan = Channel(job["channel"], job["sentinel"])
+    job = read_job(data)                     # a malformed one ends the worker here, saying which field
+    chan = Channel(job.channel, job.sentinel)
     stage: Any = "start"                     # a protocol.Stage
 
     def report(record: Any, **kw: Any) -> None:    # progress and final messages carry the worker's CPU seconds
@@ -156,13 +157,13 @@ def main(argv: list[str]) -> int:
         stage = s
         report(protocol.progress, stage=s, t=time.time(), **kw)
 
-    _pin(job.get("work_cpus"))               # start-up and compilation stay off the timing cores
+    _pin(job.work_cpus)                      # start-up and compilation stay off the timing cores
     from mkb_eval.harness.confine import outside_write
     from mkb_eval.harness.sandbox import network_isolated
 
     try:
         progress("setup", network="isolated" if network_isolated() else "shared",
-                 outside_write=outside_write(Path(job["out_dir"]).parent))     # before the candidate exists
+                 outside_write=outside_write(Path(job.out_dir).parent))        # before the candidate exists
         result = run(job, chan, progress)
         report(protocol.Final, status=result.pop("status"), stage="done", **result)
     except Stop as s:
@@ -174,7 +175,7 @@ def main(argv: list[str]) -> int:
     os._exit(0)  # skip interpreter teardown: candidate atexit hooks and destructors do not run
 
 
-def run(job: dict[str, Any], chan: Channel, progress: Any) -> dict[str, Any]:
+def run(job: Job, chan: Channel, progress: Any) -> dict[str, Any]:
     """The task, the DSL's observer and the guard's capture, then the candidate's import, then its tier."""
     import torch
     import torch._dynamo  # rewraps torch.manual_seed (lazily, e.g. on the first profiler use): before capturing
@@ -185,13 +186,13 @@ def run(job: dict[str, Any], chan: Channel, progress: Any) -> dict[str, Any]:
     tools = Tools(time_draws, stream_time_ms, cpu_probe_ms, attest.worker_window, attest.warm_allocator,
                   tensors.save, tensors.walk)                # captured before the candidate exists
 
-    tier = job["tier"]
-    device = torch.device(job["device"])
+    tier = job.tier
+    device = torch.device(job.device)
     clock = Clock()                                     # captured before the candidate exists
     manual_seed = torch.manual_seed
-    problem = _import_file(Path(job["problem_dir"]) / "reference.py", "mkb_task")
+    problem = _import_file(Path(job.problem_dir) / "reference.py", "mkb_task")
     make_inputs = problem.make_inputs
-    size = job["size"]
+    size = job.size
     from mkb_eval.harness import guard
 
     watch = guard.install(problem)                      # before the candidate exists: calls into the task are caught
@@ -201,11 +202,11 @@ def run(job: dict[str, Any], chan: Channel, progress: Any) -> dict[str, Any]:
     def make(seed: int) -> list[Any]:
         manual_seed(seed)
         with reference_numerics(), watch.harness():  # the same numerics flags as the judge, whatever solve set
-            return make_inputs(size, job["device"])
+            return make_inputs(size, job.device)
 
-    out_dir = Path(job["out_dir"])
+    out_dir = Path(job.out_dir)
     progress("dsl_import")
-    observe.install(job["dsl"])
+    observe.install(job.dsl)
     log = observe.LOG
     if tier == "cpu":
         log.suppressed = True                             # a compiled kernel cannot run without a GPU
@@ -214,7 +215,7 @@ def run(job: dict[str, Any], chan: Channel, progress: Any) -> dict[str, Any]:
     progress("kernel_import")
     t0 = time.perf_counter()
     try:
-        cand = _import_file(Path(job["kernel_path"]), "mkb_candidate")
+        cand = _import_file(Path(job.kernel_path), "mkb_candidate")
     except BaseException as e:  # noqa: BLE001
         _check_guard(watch, "at import")
         raise Stop(classify(e, False), format_exc(e)) from None
@@ -251,13 +252,13 @@ def run(job: dict[str, Any], chan: Channel, progress: Any) -> dict[str, Any]:
                      out_dir)
 
 
-def _gpu_tier(job: dict[str, Any], chan: Channel, progress: Any, solve: Any, make: Any, call: Any, check_tamper: Any,
+def _gpu_tier(job: Job, chan: Channel, progress: Any, solve: Any, make: Any, call: Any, check_tamper: Any,
               clock: Any, device: Any, log: Any, tensors: Any, tools: Tools, import_s: float, out_dir: Path) -> dict[str, Any]:
     """Gate 1, phase 1 and its report, the timing gate, phase 2. All but ``solve`` were bound before the
     candidate was imported (``run``)."""
     # ---- gate 1: start and imports overlap anything; GPU work waits for the GPU's lane ----------
     progress("ready")
-    if os.read(job["gate_fd"], 2) != protocol.GO:
+    if os.read(job.gate_fd, 2) != protocol.GO:
         return {"status": "stopped", "message": "stopped by the parent before phase 1"}
     # the last draw's inputs stay allocated until the DSL-dependence draw's inputs replace them (re-timing: through phase 2)
     draws, first_call_s, corr_s, inputs = _correctness_draws(job, chan, progress, make, call, check_tamper, clock, log,
@@ -266,10 +267,10 @@ def _gpu_tier(job: dict[str, Any], chan: Channel, progress: Any, solve: Any, mak
     # ---- the DSL-dependence draw: launches suppressed, free memory poisoned ------------------
     poisoned = 0
     nodsl: protocol.NoDsl = "skipped"
-    if job.get("nodsl_seed") is not None:             # (a re-timing job skips it: verified before)
+    if job.nodsl_seed is not None:                    # (a re-timing job skips it: verified before)
         progress("dsl_dependence")
         poisoned = tensors.poison_free_memory(device)
-        inputs = make(job["nodsl_seed"])
+        inputs = make(job.nodsl_seed)
         log.suppressed = True
         try:
             out = solve(*inputs)
@@ -294,15 +295,15 @@ def _gpu_tier(job: dict[str, Any], chan: Channel, progress: Any, solve: Any, mak
         stage="correctness", draws=draws, nodsl=nodsl, poisoned_bytes=poisoned, import_s=import_s,
         first_call_s=first_call_s, correctness_s=corr_s)))
     # ---- gate: the parent judges phase 1; the timing gate brings the first timing op --------------
-    op = read_op(job["gate_fd"])
+    op = read_op(job.gate_fd)
     if op is None:
         return {"status": "stopped", "message": "stopped by the parent after phase 1"}
-    if job.get("timing_cpu") is not None:
-        _pin([job["timing_cpu"]])             # the timed host call path gets this GPU's reserved core
+    if job.timing_cpu is not None:
+        _pin([job.timing_cpu])                # the timed host call path gets this GPU's reserved core
     return serve_windows(job, op, solve, make, clock, device, log, progress, check_tamper, tools)
 
 
-def _correctness_draws(job: dict[str, Any], chan: Channel, progress: Any, make: Any, call: Any, check_tamper: Any,
+def _correctness_draws(job: Job, chan: Channel, progress: Any, make: Any, call: Any, check_tamper: Any,
                        clock: Any, log: Any, tensors: Any, out_dir: Path
                        ) -> tuple[list[protocol.Draw], float | None, float, list[Any] | None]:
     """Phase 1's correctness draws, their outputs saved for the judge: (the draws' report, the first
@@ -321,7 +322,7 @@ def _correctness_draws(job: dict[str, Any], chan: Channel, progress: Any, make: 
         chan.send(**protocol.encode(protocol.Lane(n=lane_events, want=want)))
         if want != "release":
             t = time.perf_counter()
-            if os.read(job["gate_fd"], 2) != protocol.GO:
+            if os.read(job.gate_fd, 2) != protocol.GO:
                 os._exit(0)                               # the parent stopped this evaluation
             lane_wait += time.perf_counter() - t          # not the candidate's time
 
@@ -334,10 +335,10 @@ def _correctness_draws(job: dict[str, Any], chan: Channel, progress: Any, make: 
     prev: list[Any] | None = None
     t_corr = time.perf_counter()
     first_call_s = None
-    for i, seed in enumerate(job["correctness_seeds"]):
+    for i, seed in enumerate(job.correctness_seeds):
         progress("correctness", draw=i)
         inputs = make(seed)
-        if i in job["reuse_draws"] and prev is not None:
+        if i in job.reuse_draws and prev is not None:
             inputs = tensors.refill_(prev, inputs)        # same addresses, new content
         addrs = [t.data_ptr() for t in tensors.walk(inputs)]
         t1, waited = time.perf_counter(), lane_wait
@@ -347,8 +348,8 @@ def _correctness_draws(job: dict[str, Any], chan: Channel, progress: Any, make: 
         if first_call_s is None:
             first_call_s = time.perf_counter() - t1 - (lane_wait - waited)
         if launched == 0:
-            raise Stop("no_dsl_kernel", f"correctness draw {i + 1}: solve launched no {job['dsl']} kernel "
-                                        f"(compiled functions created: {log.compiled[job['dsl']]})")
+            raise Stop("no_dsl_kernel", f"correctness draw {i + 1}: solve launched no {job.dsl} kernel "
+                                        f"(compiled functions created: {log.compiled[job.dsl]})")
         tensors.save(snap, out_dir / f"corr_{i}.pt")
         draws.append(protocol.Draw(draw=i, launches=launched, input_digests=tensors.digests(inputs), addresses=addrs))
         check_tamper(f"in correctness draw {i + 1}")
@@ -359,28 +360,28 @@ def _correctness_draws(job: dict[str, Any], chan: Channel, progress: Any, make: 
     return draws, first_call_s, corr_s, inputs
 
 
-def _cpu_tier(job: dict[str, Any], make: Any, call: Any, log: Any, progress: Any, import_s: float) -> dict[str, Any]:
+def _cpu_tier(job: Job, make: Any, call: Any, log: Any, progress: Any, import_s: float) -> dict[str, Any]:
     """Compile-only: run solve on smoke CPU inputs with launches intercepted, then check artifacts."""
     progress("compile_only")
-    inputs = make(job["correctness_seeds"][0])
+    inputs = make(job.correctness_seeds[0])
     t0 = time.perf_counter()
     err: str | None = None
     try:
         out, _ = call(inputs, "solve on CPU inputs")
         from mkb_eval.harness import tensors
 
-        tensors.save(out, Path(job["out_dir"]) / "cpu_out.pt")     # structure is checkable, values are not
+        tensors.save(out, Path(job.out_dir) / "cpu_out.pt")        # structure is checkable, values are not
     except Stop as s:
         if log.total() == 0:
             raise
         err = s.message                           # it got past the launch; what follows needs a GPU
     compile_s = time.perf_counter() - t0
     if log.total() == 0:
-        raise Stop("no_dsl_kernel", f"solve returned without calling a compiled {job['dsl']} function")
+        raise Stop("no_dsl_kernel", f"solve returned without calling a compiled {job.dsl} function")
     from mkb_eval.harness import compile_check
 
     progress("artifacts")
-    arts = compile_check.check_artifacts(job["dsl"], log, Path(job["dump_dir"]))
+    arts = compile_check.check_artifacts(job.dsl, log, Path(job.dump_dir))
     if arts.get("error"):
         raise Stop("compile_error", arts["error"], artifacts=arts)
     return {"status": "unverified", "artifacts": arts, "launches": log.total(), "compile_s": compile_s,

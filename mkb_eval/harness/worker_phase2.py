@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from mkb_eval.harness import protocol
+from mkb_eval.harness.job import Job
 from mkb_eval.harness.worker_stop import Stop, classify, format_exc
 
 
@@ -35,12 +36,12 @@ class Tools:
     walk: Any
 
 
-def serve_windows(job: dict[str, Any], op: protocol.Op | None, solve: Any, make: Any, clock: Any, device: Any,
+def serve_windows(job: Job, op: protocol.Op | None, solve: Any, make: Any, clock: Any, device: Any,
                   log: Any, progress: Any, check_tamper: Any, tools: Tools) -> dict[str, Any]:
     """Phase 2: the parent's timing operations, one after another, until it says ``end``:
     ``events`` (the event-timed draws on the seeds it brings), ``prep`` (hold the window's memory once),
     ``window`` (an attested window: :func:`attest.worker_window`), ``save`` (the window outputs it chose)."""
-    fd, out_dir = job["gate_fd"], Path(job["out_dir"])
+    fd, out_dir = job.gate_fd, Path(job.out_dir)
     sizes: list[int] = []
     outs: list[Any] = []
     n_events = 0

@@ -25,17 +25,20 @@ from mkb_eval.harness.judge import Judge
 from mkb_eval.harness.retime import retime, round_orders
 from mkb_eval.harness import tensors
 
+from .conftest import cpu_job
+
 MS = 1_000_000   # ns
 
 
 def test_the_job_at_start_has_no_timing_seeds_nor_rechecks(tmp_path):
     p = P.find(28)
     job = J.make_job(p, "cutedsl", tmp_path, "gpu", "full", "cuda:0")
-    assert not {"warmup_seeds", "timing_seeds", "recheck"} & set(job)
-    assert len(job["correctness_seeds"]) == J.CORRECTNESS_DRAWS and job["nodsl_seed"] is not None
-    assert not any(isinstance(v, list) and len(v) >= J.TIMING_DRAWS for v in job.values())
+    wire = json.loads(job.encode())                                  # what the worker reads
+    assert not {"warmup_seeds", "timing_seeds", "recheck"} & set(wire)
+    assert len(job.correctness_seeds) == J.CORRECTNESS_DRAWS and job.nodsl_seed is not None
+    assert not any(isinstance(v, list) and len(v) >= J.TIMING_DRAWS for v in wire.values())
     again = J.make_job(p, "cutedsl", tmp_path, "gpu", "full", "cuda:0", mode="retime")
-    assert len(again["correctness_seeds"]) == 1 and again["nodsl_seed"] is None and again["mode"] == "retime"
+    assert len(again.correctness_seeds) == 1 and again.nodsl_seed is None and again.mode == "retime"
 
 
 def test_window_calls_keep_every_call_out_of_l2_within_the_memory_budget():
@@ -185,14 +188,14 @@ class _FakeWorker:
 
         tools = worker_phase2.Tools(fake_time_draws, lambda *a: 0.01, lambda: 1.0, attest.worker_window,
                                     attest.warm_allocator, tensors.save, tensors.walk)
-        job = {"gate_fd": self.gate.child_fd(), "out_dir": str(out_dir)}
+        job = cpu_job(gate_fd=self.gate.child_fd(), out_dir=str(out_dir))
 
         def progress(stage, **kw):                               # through the wire, as the parent reads it
             wire = json.dumps(protocol.encode(protocol.progress(stage, time.time(), 0.0, **kw)))
             self.msgs.append(protocol.decode(json.loads(wire)))
 
         def run():
-            op = worker_phase2.read_op(job["gate_fd"])
+            op = worker_phase2.read_op(job.gate_fd)
             self.result = worker_phase2.serve_windows(job, op, solve, make, clock, "cpu", log, progress,
                                                       lambda where: None, tools)
 

@@ -15,6 +15,8 @@ from mkb_eval.harness.protocol import Draw, Lane, Phase1Report
 from mkb_eval.harness.spawn import Worker
 from mkb_eval.records import VerificationRecord
 
+from .conftest import cpu_job
+
 
 def test_compiling_announces_outermost_main_thread_compiles_only(monkeypatch):
     events: list[str] = []
@@ -185,7 +187,7 @@ def test_judging_steps_aside_between_checks_and_that_wait_is_not_judging_time():
     draws = [Draw(draw=i, input_digests=[], launches=1, addresses=[i]) for i in range(CORRECTNESS_DRAWS)]
     msg = Phase1Report(stage="correctness", import_s=0.0, first_call_s=0.0, correctness_s=0.0, draws=draws, nodsl="raised",
                        poisoned_bytes=0)
-    job = {"correctness_seeds": list(range(CORRECTNESS_DRAWS)), "nodsl_seed": 9}
+    job = cpu_job(correctness_seeds=list(range(CORRECTNESS_DRAWS)), nodsl_seed=9)
     assert judge_phase1(rec, Judge(), job, msg, Path("."), between=between)
     assert calls[:2] == ["between", "check"] and calls.count("between") == CORRECTNESS_DRAWS + 1
     assert rec.stages_s["judge_correctness"] < 0.2

@@ -19,7 +19,7 @@ from mkb_eval.harness.spawn import Worker, fail_from_worker
 from mkb_eval.harness.verify import Limits, verify
 from mkb_eval.records import VerificationRecord
 
-from .conftest import compose
+from .conftest import compose, cpu_job
 
 DRAW = P.Draw(draw=0, launches=2, input_digests=[(1, -2), None], addresses=[140000000000])
 MESSAGES = [
@@ -202,7 +202,7 @@ def test_a_phase1_report_of_other_draws_than_asked_is_not_judged(draws, nodsl, w
     msg = P.Phase1Report(stage="correctness", draws=draws, nodsl=nodsl, poisoned_bytes=0, import_s=0.0,
                          first_call_s=0.0, correctness_s=0.0)
     rec = _rec()
-    assert not judge_phase1(rec, judge, {"correctness_seeds": [11], "nodsl_seed": 12}, msg, Path("."))
+    assert not judge_phase1(rec, judge, cpu_job(correctness_seeds=[11], nodsl_seed=12), msg, Path("."))
     assert rec.status == P.PROTOCOL_STATUS and where in rec.message
 
 
