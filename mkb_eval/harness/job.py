@@ -16,7 +16,7 @@ import json
 from dataclasses import dataclass, field, fields
 from typing import Literal
 
-from mkb_eval.harness.protocol import ProtocolError, _record
+from mkb_eval.harness.protocol import ProtocolError, checked_record
 from mkb_eval.vocab import Dsl, Size, Tier
 
 Mode = Literal["verify", "retime"]     # retime: one correctness draw, no DSL-dependence draw (verified before)
@@ -56,7 +56,7 @@ class Job:
 def checked(**values: object) -> Job:
     """A job of these values, each checked against its field (the parent's own construction: a value
     outside a vocabulary fails here, not in the worker); ProtocolError names the field."""
-    job: Job = _record(Job, values, "job")
+    job: Job = checked_record(Job, values, "job")
     return job
 
 
@@ -72,7 +72,7 @@ def decode(data: str | bytes) -> Job:
         missing = [f.name for f in fields(Job) if f.name not in obj]
         if missing:
             raise ProtocolError(f"job.{missing[0]}", "missing")
-    job: Job = _record(Job, obj, "job")            # (not an object: refused there)
+    job: Job = checked_record(Job, obj, "job")            # (not an object: refused there)
     if not job.sentinel or not job.channel:
         raise ProtocolError("job.sentinel" if not job.sentinel else "job.channel",
                             "empty: the parent never attached the worker's result channel")

@@ -134,7 +134,7 @@ def error_reply(error: str) -> bytes:
 def decode_digests(data: bytes, calls: int) -> list[list[list[int]]]:
     """The parent's reading of a window's digests packet: one ``[d0, d1]`` list per output tensor of
     each of the ``calls`` calls, else :class:`ProtocolError`."""
-    got = _record(WindowDigests, _loads(data, "window"), "window").digests
+    got = checked_record(WindowDigests, _loads(data, "window"), "window").digests
     if len(got) != calls:
         raise ProtocolError("window.digests", f"expected {calls} digests (one per call), got {len(got)}")
     for i, call in enumerate(got):
@@ -148,7 +148,7 @@ def reply_text(data: bytes) -> str:
     """What an unexpected gate reply says, for the verdict's message: the worker's error, or the reply
     itself described. Never raises."""
     try:
-        return _record(WorkerError, _loads(data, "reply"), "reply").error[:2000]
+        return checked_record(WorkerError, _loads(data, "reply"), "reply").error[:2000]
     except ProtocolError as e:
         return f"unexpected reply {data[:60]!r} ({e})"
 
@@ -280,7 +280,7 @@ def decode(obj: object) -> Message:
     if cls is None:
         raise ProtocolError("kind", f"unknown message kind {_show(kind)}")
     where = str(stage) if cls in (Setup, EventsReport) else str(kind)
-    return _record(cls, {k: v for k, v in obj.items() if k != "kind"}, where)
+    return checked_record(cls, {k: v for k, v in obj.items() if k != "kind"}, where)
 
 
 def decode_line(text: str) -> Message | Malformed | None:
@@ -318,7 +318,7 @@ def _loads(data: bytes, where: str) -> object:
         raise ProtocolError(where, f"not a JSON message ({type(e).__name__})") from None
 
 
-def _record(cls: Any, obj: object, where: str) -> Any:
+def checked_record(cls: Any, obj: object, where: str) -> Any:     # ``cls`` from ``obj``, every field checked (job.py too)
     if not isinstance(obj, dict):
         raise ProtocolError(where, f"expected an object, got {_show(obj)}")
     hints = _HINTS.get(cls)
@@ -368,7 +368,7 @@ def _check(v: Any, tp: Any, where: str, min_len: int = 0) -> Any:
             raise ProtocolError(where, f"expected an object, got {_show(v)}")
         return {k: _check(x, args[1], f"{where}.{k}") for k, x in v.items()}
     if is_dataclass(tp):
-        return _record(tp, v, where)
+        return checked_record(tp, v, where)
     raise TypeError(f"the protocol has no check for {tp!r} ({where})")
 
 
