@@ -9,8 +9,8 @@ models (``python -m mkb_eval.schemas``) for readers outside Python.
 
 Folders written before a record's current version are read through explicit migrations, applied in
 order before validation (:func:`migrate`); a version without a migration is refused, never guessed.
-The attempt records of a run folder have their own module (:mod:`mkb_eval.attempt_record`); the shared
-baselines under ``baselines/`` are the verifier's cache files (``mkb_eval.harness.judge``), not typed here.
+The attempt records of a run folder have their own module (:mod:`mkb_eval.attempt_record`), and so do the
+shared baselines under ``baselines/``, the verifier's cache files (:mod:`mkb_eval.baseline_record`).
 """
 
 from __future__ import annotations

@@ -18,13 +18,15 @@ mkdir -p "$MKB_STATE" "$MKB_CACHE_DIR"
 # alone (a cache that an earlier stage had started, with problem 28 only, used to block the whole seed)
 if [ -n "${MKB_SEED_COMPILE:-}" ]; then
   python3 - "$MKB_SEED_COMPILE" "$MKB_CACHE_DIR/compile_baselines.jsonl" <<'EOF'
-import json, sys
+import sys
 from pathlib import Path
+from mkb_eval.baseline_record import read_baselines   # validated: a bad seed line is named and skipped
+from mkb_eval.records import append_jsonl
 seed, cache = Path(sys.argv[1]), Path(sys.argv[2])
-have = {json.loads(x).get("key") for x in cache.read_text().splitlines() if x.strip()} if cache.exists() else set()
-new = [x for x in seed.read_text().splitlines() if x.strip() and json.loads(x).get("key") not in have]
-with cache.open("a") as f:
-    f.writelines(x + "\n" for x in new)
+have = read_baselines(cache)
+new = [e for k, e in read_baselines(seed).items() if k not in have]
+for e in new:
+    append_jsonl(cache, e.to_json())
 print(f"compile baselines: {len(new)} seeded from {seed.name}, {len(have)} already here")
 EOF
 fi

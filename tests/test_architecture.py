@@ -32,7 +32,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("mkb_eval.problems",),
     ("mkb_eval.schemas",),      # the exporter of every record's JSON Schema
     ("mkb_eval.env", "mkb_eval.records", "mkb_eval.attempt_record", "mkb_eval.run_record", "mkb_eval.skill_record",
-     "mkb_eval.vocab", "mkb_eval.frontmatter", "mkb_eval._version", "mkb_eval.record_migrations"),
+     "mkb_eval.baseline_record", "mkb_eval.vocab", "mkb_eval.frontmatter", "mkb_eval._version", "mkb_eval.record_migrations"),
 ]
 
 EXACT = {"mkb_eval"}            # the package's __init__ only: its submodules need layers of their own

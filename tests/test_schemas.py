@@ -19,8 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_every_committed_schema_is_current():
     files = schemas.schema_files()
     names = sorted(p.name for p in files if p.parent == R.SCHEMAS)
-    assert names == ["attempt.schema.json", "invocation.schema.json", "retime.schema.json", "run.schema.json",
-                     "skill.schema.json", "skill_row.schema.json", "verification.schema.json"]
+    assert names == ["attempt.schema.json", "baseline.schema.json", "invocation.schema.json", "retime.schema.json",
+                     "run.schema.json", "skill.schema.json", "skill_row.schema.json", "verification.schema.json"]
     assert schemas.CORPUS_SKILL_SCHEMA in files
     assert schemas.stale() == [], "regenerate: python -m mkb_eval.schemas"
     assert sorted(p.name for p in R.SCHEMAS.glob("*.json")) == names        # no schema left without its model

@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from mkb_eval.harness.judge import baseline_key
 from mkb_eval.sweep import fill_compile_baselines
 
@@ -18,7 +20,8 @@ def test_compile_times_fill_only_matching_passing_records(tmp_path):
     cache.write_text(json.dumps({"key": baseline_key("aa", "full", env), "ms": 2.0, "error": None}) + "\n"
                      + "not json\n")
     hit, other, failed = _rec("aa"), _rec("bb"), _rec("aa", "incorrect")
-    assert fill_compile_baselines([hit, other, failed], cache) == 1
+    with pytest.warns(UserWarning, match=r"compile_baselines.jsonl:2: malformed JSON"):
+        assert fill_compile_baselines([hit, other, failed], cache) == 1
     assert hit["timing"]["compile_ms"] == 2.0 and hit["timing"]["speedup_vs_compile"] == 4.0
     assert "compile_baseline_from_cache" in hit["flags"]
     assert other["timing"]["compile_ms"] is None and failed["timing"]["compile_ms"] is None
@@ -33,15 +36,14 @@ def test_compile_baseline_is_measured_once_and_looked_up_after(tmp_path):
     assert baseline_cached(p28, "full", env, tmp_path, lambda: calls.append(1) or 2.5) == (2.5, False, None)
     with open(tmp_path / "compile_baselines.jsonl", "a") as f:
         f.write("torn{\n")
-    assert baseline_cached(p28, "full", env, tmp_path, lambda: calls.append(1) or 9.0) == (2.5, True, None)
+    with pytest.warns(UserWarning, match=r"compile_baselines.jsonl:2: malformed JSON .*; baseline entry skipped"):
+        assert baseline_cached(p28, "full", env, tmp_path, lambda: calls.append(1) or 9.0) == (2.5, True, None)
     assert calls == [1]
 
 
 def test_eager_baseline_reuse_has_its_own_file_and_failures_raise(tmp_path):
     """Reusing the eager time is an option of sweeps: kept apart from torch.compile times, and an
     eager reference that fails is the problem's fault, raised, never cached as a missing time."""
-    import pytest
-
     from mkb_eval import problems as P
     from mkb_eval.harness.judge import baseline_cached
 

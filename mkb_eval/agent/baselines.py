@@ -6,7 +6,8 @@ torch.compile of every reference is warmed in parallel processes (CPU-bound; the
 inductor's cache on disk), then, one problem at a time per GPU, under that GPU's exclusive lane,
 a reference-timer process (``harness/reference_timer.py``: one thread, the GPU's timing core)
 times eager and the cached compiled graph with the verifier's draw counts. The times go to
-``<run>/baselines/{eager,compile}_baselines.jsonl`` in the verifier's cache format, and every
+``<run>/baselines/{eager,compile}_baselines.jsonl`` in the verifier's cache format
+(:class:`mkb_eval.baseline_record.BaselineEntry`, validated when read), and every
 evaluation of the run is verified with ``compile_baseline="cached", reuse_eager=True,
 cache_dir=<run>/baselines``: both arms of a unit share one denominator and no evaluation compiles
 a reference inside its timing lane. A rerun finds the times there (keys: problem hash, size, GPU
@@ -136,8 +137,8 @@ def prepare(problems: Sequence[P.Problem], run_dir: Path, lanes: Any, env: dict[
     cache = baseline_dir(run_dir)
     have = {k: read_baseline_cache(cache / f"{k}_baselines.jsonl") for k in KINDS}
     missing = {k: [p for p in problems if baseline_key(p.hash, size, env) not in have[k]] for k in KINDS}
-    out = [Baseline(p.id, k, have[k][baseline_key(p.hash, size, env)].get("ms"),
-                    have[k][baseline_key(p.hash, size, env)].get("error"), True)
+    out = [Baseline(p.id, k, have[k][baseline_key(p.hash, size, env)].ms,
+                    have[k][baseline_key(p.hash, size, env)].error, True)
            for k in KINDS for p in problems if p not in missing[k]]
     if not missing["eager"] and not missing["compile"]:
         return out

@@ -169,16 +169,19 @@ class RunSource(ReplaySource):
     kind = "run"
 
     def __init__(self, folder: Path) -> None:
-        from mkb_eval.records import read_jsonl
+        import warnings
+
+        from mkb_eval.attempt_record import read_attempts
 
         self.folder = folder
         self.trials: dict[str, list[Path]] = {}
         self.skill: dict[str, str | None] = {}
         used = [folder / "attempts.jsonl"]
-        for rec in read_jsonl(folder / "attempts.jsonl"):
-            trial = rec.get("trial") if isinstance(rec, dict) else None
-            if not isinstance(trial, str) or rec.get("kind", "attempt") != "attempt":
+        for line in read_attempts(folder / "attempts.jsonl"):
+            if line.record is None:                   # validated like the store's resume: named, never used
+                warnings.warn(f"{line.error}; not replayed", stacklevel=2)
                 continue
+            trial = line.record.trial
             d = folder / "trials" / trial
             subs = sorted((d / "submissions").glob("*_kernel.py")) if d.is_dir() else []
             self.trials[trial] = subs

@@ -19,9 +19,11 @@ time, their partial folders archived), and at most a torn last line, which is mo
 
 ``run.json``, ``invocations.jsonl`` and ``retime.jsonl`` hold the typed records of
 :mod:`mkb_eval.run_record` (built strictly when written, migrated and validated when read); the
-attempt records are :class:`mkb_eval.attempt_record.AttemptRecord`. ``records()`` reads attempts
-leniently (any line of kind attempt with a trial): the plan needs only their stamps and status,
-and a folder written by an older loop must still resume.
+attempt records are :class:`mkb_eval.attempt_record.AttemptRecord`, and ``records()`` validates every
+line (:func:`mkb_eval.attempt_record.read_attempts`, older shapes migrated first, so a folder written by
+an older loop still resumes). A line that is not a valid record is skipped with a warning naming the
+file, the line and the field, and the trial it names counts as not finished (it runs again): the
+plan never reuses an outcome it cannot read, and one bad line never stops a run.
 """
 
 from __future__ import annotations
@@ -32,11 +34,13 @@ import fcntl
 import json
 import os
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
 from mkb_eval import run_record as R
-from mkb_eval.records import append_jsonl, read_jsonl
+from mkb_eval.attempt_record import read_attempts
+from mkb_eval.records import append_jsonl
 
 STORE_VERSION = R.STORE_VERSION
 INVOCATIONS = "invocations.jsonl"
@@ -210,13 +214,20 @@ class RunStore:
 
     # -- records -----------------------------------------------------------------------------
     def records(self) -> dict[str, dict[str, Any]]:
-        """The latest attempt record per trial id (later lines supersede earlier ones)."""
+        """The latest attempt record per trial id (later lines supersede earlier ones), each validated and
+        in its current shape. A bad line warns and un-finishes the trial it names (see the module docstring)."""
         out: dict[str, dict[str, Any]] = {}
         if not self.attempts_path.is_file():
             return out
-        for rec in read_jsonl(self.attempts_path):
-            if rec.get("kind", "attempt") == "attempt" and isinstance(rec.get("trial"), str):
-                out[rec["trial"]] = rec
+        for line in read_attempts(self.attempts_path):
+            if line.record is not None:
+                out[line.record.trial] = line.record.to_json()
+                continue
+            trial = line.trial
+            if trial is not None:
+                out.pop(trial, None)
+            warnings.warn(f"{line.error}; line skipped" + (f", trial {trial} runs again" if trial else ""),
+                          stacklevel=2)
         return out
 
     def append_record(self, record: dict[str, Any]) -> None:

@@ -9,13 +9,12 @@ neither see the expected outputs nor influence how they are computed or compared
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -23,6 +22,9 @@ from mkb_eval.harness import attest, tensors, transport
 from mkb_eval.harness.timing import Clock, TimingResult, time_draws
 from mkb_eval.harness.tolerance import Mismatch, check_descriptor, compare, reference_numerics, run_reference
 from mkb_eval.problems import Problem, load_module
+
+if TYPE_CHECKING:
+    from mkb_eval.baseline_record import BaselineEntry
 
 
 # Seeding + input generation (the global RNG) and torch.compile (dynamo's global state) take
@@ -179,18 +181,12 @@ def baseline_key(problem_hash: str, size: str, env: dict[str, Any]) -> str:
     return f"{problem_hash}|{size}|{env.get('gpu')}|{env.get('torch')}"
 
 
-def read_baseline_cache(path: Path) -> dict[str, dict[str, Any]]:
-    """The cache's entries by key (the first one of a key wins; unreadable lines are skipped)."""
-    entries: dict[str, dict[str, Any]] = {}
-    if path.exists():
-        for line in path.read_text().splitlines():
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(rec, dict) and "key" in rec:
-                entries.setdefault(rec["key"], rec)
-    return entries
+def read_baseline_cache(path: Path) -> dict[str, BaselineEntry]:
+    """The cache's entries by key (:class:`mkb_eval.baseline_record.BaselineEntry`; the first valid one of
+    a key wins; a malformed line is skipped with a warning naming it, and its key is a miss)."""
+    from mkb_eval.baseline_record import read_baselines     # pydantic: imported where a cache is read
+
+    return read_baselines(path)
 
 
 def baseline_cached(problem: Problem, size: str, env: dict[str, Any], cache_dir: Path,
@@ -207,7 +203,7 @@ def baseline_cached(problem: Problem, size: str, env: dict[str, Any], cache_dir:
     path = cache_dir / f"{kind}_baselines.jsonl"
     rec = read_baseline_cache(path).get(key)
     if rec is not None:
-        return rec.get("ms"), True, rec.get("error")
+        return rec.ms, True, rec.error
     if measure is None:
         return None, False, None
     try:
@@ -221,9 +217,10 @@ def baseline_cached(problem: Problem, size: str, env: dict[str, Any], cache_dir:
 
 
 def store_baseline(cache_dir: Path, kind: str, key: str, ms: float | None, err: str | None) -> None:
-    """Append one entry to ``<cache_dir>/<kind>_baselines.jsonl`` (a time, or the error that stands for it)."""
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    with open(cache_dir / f"{kind}_baselines.jsonl", "a") as f:
-        f.write(json.dumps({"key": key, "ms": ms, "error": err}) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+    """Append one entry to ``<cache_dir>/<kind>_baselines.jsonl`` (a time, or the error that stands for it),
+    built as the typed entry (a bad key, a time that is not a positive number, both or neither of time and
+    error fail here) and appended as one fsynced line."""
+    from mkb_eval.baseline_record import BaselineEntry
+    from mkb_eval.records import append_jsonl
+
+    append_jsonl(cache_dir / f"{kind}_baselines.jsonl", BaselineEntry(key=key, ms=ms, error=err).to_json())

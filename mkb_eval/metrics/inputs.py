@@ -5,6 +5,12 @@ Only the fields the arithmetic needs are kept (``AttemptOutcome``), so the metri
 on the full record schema of the attempt loop. Reading is forgiving where it can be honest about
 it (a torn line is skipped with a warning that names the line; an older record is read with
 defaults) and strict where guessing would be wrong (a newer ``schema_version`` is refused).
+
+This reader stays lenient on purpose, unlike the run folder's readers (the store's resume and the
+skills' release validate every line as a full :class:`mkb_eval.attempt_record.AttemptRecord`): the
+``evaluate`` metric takes predictions that users build by hand and the dataset's ``attempts`` rows,
+which carry only this subset, so requiring the full record would refuse valid inputs. What it does
+check (arm, status, speedup, the trial coordinate, the version) is all the arithmetic reads.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The exported JSON Schemas of the typed records, and the one command that regenerates them all.
 
 Each ``*.schema.json`` here is generated from its pydantic model (attempt, verification, the run
-folder's ``run.json``/``invocations.jsonl``/``retime.jsonl``, a skill's front matter and its dataset
-row) for readers outside Python: ``python -m mkb_eval.schemas`` writes them, and a test fails when a
+folder's ``run.json``/``invocations.jsonl``/``retime.jsonl``, a baseline cache entry, a skill's front
+matter and its dataset row) for readers outside Python: ``python -m mkb_eval.schemas`` writes them, and a test fails when a
 committed file differs from its model. In a checkout the front matter's schema is also copied to
 ``skills_corpus/schema/skill.schema.json``, where the corpus documents it.
 """
@@ -16,9 +16,10 @@ CORPUS_SKILL_SCHEMA = Path(__file__).resolve().parents[2] / "skills_corpus" / "s
 
 def schema_files() -> dict[Path, str]:
     """Every exported schema: path -> the text its model gives now."""
-    from mkb_eval import attempt_record, records, run_record, skill_record
+    from mkb_eval import attempt_record, baseline_record, records, run_record, skill_record
 
     files = {attempt_record.SCHEMA_PATH: attempt_record.schema_text(),
+             baseline_record.SCHEMA_PATH: baseline_record.schema_text(),
              records.VERIFICATION_SCHEMA_PATH: records.verification_schema_text(),
              **run_record.schema_files(), **skill_record.schema_files()}
     if CORPUS_SKILL_SCHEMA.parent.is_dir():          # a checkout, not an installed package

@@ -2,31 +2,29 @@
 
 What a run folder must hold (the agent's ``RunStore`` writes exactly this, plus more):
 
-    <run>/attempts.jsonl            attempt records (``mkb_eval.metrics.inputs`` format)
+    <run>/attempts.jsonl            attempt records (:class:`mkb_eval.attempt_record.AttemptRecord`)
     <run>/trials/<trial>/           one folder per trial (trial = p<NN>_r<k>_<arm>)
         SKILL.md                    the skill this trial wrote
         kernel.py                   its final kernel
 
-Folders written by other tools are found too: a record may name its folder with ``trial_dir``
-(relative to the run), and otherwise any folder whose name ends with the trial coordinate
-counts (``archive/`` is skipped: it holds superseded artifacts); two such folders for one
+A trial's folder is ``trials/<trial>``; failing that, any folder whose name ends with the trial
+coordinate counts (``archive/`` is skipped: it holds superseded artifacts); two such folders for one
 coordinate are an error. Inside a trial folder the shallowest ``SKILL.md``/``kernel.py`` wins.
-The latest record per (model, trial) counts, as in the metrics. When a record carries
-``skill_md_sha256`` or ``final_kernel_sha256`` (the agent's extras), the files must still match
-them (the store writes SKILL.md as the hashed text plus a newline): a file changed after its
-record is refused rather than released.
+The latest record per (model, trial) counts, as in the metrics. The files must still match the
+record's ``skill_md_sha256`` and ``final_kernel_sha256`` (the store writes SKILL.md as the hashed text
+plus a newline): a file changed after its record is refused rather than released.
 
-Attempt records are read with the metrics' reader (:mod:`mkb_eval.metrics.inputs`), which checks
-only the fields a skill and its outcome need and reads every attempt-record version, not with the
-strict :func:`mkb_eval.attempt_record.parse`: run folders written by other tools or older loops
-(with fewer fields) are released too. The outcome built from them is strict
-(:class:`mkb_eval.skill_record.SkillOutcome`).
+Every line is read by the attempt record's own reader (:func:`mkb_eval.attempt_record.read_attempts`:
+older shapes migrated, then validated strictly), then by the metrics' (:mod:`mkb_eval.metrics.inputs`)
+for the outcome; what is released is a valid record. Records of the metrics' subset alone (other tools'
+folders, which this reader took before the attempt record was typed, with a ``trial_dir`` key naming
+their folder) are refused: a skill is released only with the full record that explains it. The
+outcome built from them is strict (:class:`mkb_eval.skill_record.SkillOutcome`).
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 import warnings
 from collections.abc import Mapping
@@ -34,15 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mkb_eval.metrics.inputs import (
-    ARMS,
-    AttemptOutcome,
-    InputError,
-    SchemaVersionError,
-    outcome_from_dict,
-    record_version,
-    trial_name,
-)
+from mkb_eval.attempt_record import SCHEMA_VERSION, read_attempts
+from mkb_eval.metrics.inputs import ARMS, AttemptOutcome, InputError, SchemaVersionError, outcome_from_dict, trial_name
 from mkb_eval.metrics.paired import paired_outcome
 from mkb_eval.skills.model import Outcome, Skill, SkillError, direction_from
 
@@ -102,21 +93,15 @@ def trial_folders(run: Path) -> dict[str, list[Path]]:
     return out
 
 
-def _trial_dir(run: Path, raw: Mapping[str, Any], trial: str, folders: dict[str, list[Path]],
+def _trial_dir(run: Path, trial: str, folders: dict[str, list[Path]],
                where: str) -> Path | None:
-    rel = raw.get("trial_dir")
-    if rel is not None:
-        d = (run / str(rel)).resolve()
-        if run.resolve() not in d.parents or not d.is_dir():
-            raise SkillError(f"{where}: trial_dir {rel!r} is not a folder inside {run}")
-        return d
     canonical = run / TRIALS / trial
     if canonical.is_dir():
         return canonical
     dirs = folders.get(trial, [])
     if len(dirs) > 1:
         names = ", ".join(str(d.relative_to(run)) for d in dirs)
-        raise SkillError(f"{where}: trial {trial} has {len(dirs)} folders ({names}); give each record a trial_dir")
+        raise SkillError(f"{where}: trial {trial} has {len(dirs)} folders ({names}); keep one")
     return dirs[0] if dirs else None
 
 
@@ -134,6 +119,39 @@ def _check_recorded_hash(raw: Mapping[str, Any], key: str, path: Path | None, wh
                          f"record says {key} {want[:12]}... (changed after the attempt?)")
 
 
+def _newer(raw: Any) -> bool:
+    """A line of a newer attempt-record version: a newer toolkit's run, refused whole rather than skipped."""
+    v = raw.get("schema_version") if isinstance(raw, dict) else None
+    return isinstance(v, int) and not isinstance(v, bool) and v > SCHEMA_VERSION
+
+
+def _latest(file: Path, strict: bool, notes: list[str]) -> dict[tuple[str, str], tuple[dict[str, Any], AttemptOutcome, str]]:
+    """The latest valid record per (model, trial), each checked by the attempt record's reader and then by
+    the metrics'. A bad line raises (``strict``) or is noted and skipped, the trial it names dropped with it:
+    an older outcome it supersedes is not released either. A newer schema_version always raises."""
+    latest: dict[tuple[str, str], tuple[dict[str, Any], AttemptOutcome, str]] = {}
+    for line in read_attempts(file):
+        error = line.error
+        if line.record is not None:
+            raw = line.record.to_json()
+            try:
+                o = outcome_from_dict(raw, line.where)
+            except InputError as e:
+                error = str(e)
+            else:
+                latest.pop((o.model, o.trial), None)
+                latest[(o.model, o.trial)] = (raw, o, line.where)
+                continue
+        elif _newer(line.raw):
+            raise SchemaVersionError(f"{error}; upgrade mkb_eval to read this run")
+        if strict:
+            raise SkillError(str(error))
+        for key in [k for k in latest if k[1] == line.trial]:
+            del latest[key]
+        notes.append(f"{error}; record skipped")
+    return latest
+
+
 def read_run(path: str | Path, *, strict: bool = True) -> Run:
     """Read a run folder. ``strict``: an unreadable or invalid record raises instead of being skipped."""
     run = Path(path)
@@ -141,34 +159,11 @@ def read_run(path: str | Path, *, strict: bool = True) -> Run:
     if not file.is_file():
         raise SkillError(f"{run}: not a run folder (no {ATTEMPTS_FILE})")
     notes: list[str] = []
-    latest: dict[tuple[str, str], tuple[dict[str, Any], AttemptOutcome, str]] = {}
-    with file.open(encoding="utf-8", errors="replace") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{file}:{n}"
-            try:
-                raw = json.loads(line)
-                if not isinstance(raw, dict):
-                    raise InputError(f"{where}: a record must be a JSON object")
-                record_version(raw, where)
-                if raw.get("kind", "attempt") != "attempt":
-                    continue
-                o = outcome_from_dict(raw, where)
-            except SchemaVersionError:
-                raise
-            except (json.JSONDecodeError, InputError) as e:
-                msg = f"{where}: malformed JSON ({e.msg})" if isinstance(e, json.JSONDecodeError) else str(e)
-                if strict:
-                    raise SkillError(msg) from None
-                notes.append(msg + "; record skipped")
-                continue
-            latest.pop((o.model, o.trial), None)
-            latest[(o.model, o.trial)] = (raw, o, where)
+    latest = _latest(file, strict, notes)
     folders = trial_folders(run)
     attempts = []
     for raw, o, where in sorted(latest.values(), key=lambda t: (t[1].model, t[1].problem_id, t[1].replicate, t[1].arm)):
-        d = _trial_dir(run, raw, o.trial, folders, where)
+        d = _trial_dir(run, o.trial, folders, where)
         kernel = _shallowest(d, "kernel.py") if d else None
         skill = _shallowest(d, "SKILL.md") if d else None
         _check_recorded_hash(raw, "skill_md_sha256", skill, where)

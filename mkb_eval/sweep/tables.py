@@ -62,7 +62,8 @@ def fill_compile_baselines(records: list[dict], cache: Path) -> int:
     n = 0
     for r in records:
         t, env = r.get("timing") or {}, r.get("env") or {}
-        ms = known.get(baseline_key(r["problem_hash"], str(r.get("size")), env), {}).get("ms")
+        entry = known.get(baseline_key(r["problem_hash"], str(r.get("size")), env))
+        ms = entry.ms if entry is not None else None
         if r["status"] == "ok" and t.get("compile_ms") is None and ms and t.get("kernel_ms"):
             t["compile_ms"], t["speedup_vs_compile"] = ms, ms / t["kernel_ms"]
             r["flags"] = [*r.get("flags", []), "compile_baseline_from_cache"]

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import attempt
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -40,7 +42,8 @@ def seeded_run(tmp_path: Path) -> Path:
     """A run folder that already holds a record, to check that bad input leaves it byte for byte."""
     run = tmp_path / "run"
     run.mkdir()
-    (run / "attempts.jsonl").write_text(json.dumps({"kind": "attempt", "trial": "p36_r1_solo_tirx"}) + "\n")
+    rec = attempt("p36_r1_solo_tirx", "incorrect", model="m")      # the model test_unreachable_server asks for
+    (run / "attempts.jsonl").write_text(json.dumps(rec) + "\n")
     return run
 
 

@@ -21,6 +21,7 @@ from mkb_eval.metrics import read_attempts, score
 from mkb_eval.metrics.retimed import read_retimes
 from mkb_eval.records import VerificationRecord
 from tests.agent.fake_retime import FakeRetime
+from tests.helpers import attempt
 
 
 def _conv(pid: int, dsl: str, skill: bool = False, answers: int = 0) -> list[dict[str, str]]:
@@ -74,7 +75,7 @@ def test_run_folder_replays_every_submission_in_order(tmp_path: Path) -> None:
     for k in (1, 2):
         (d / f"{k:02d}_kernel.py").write_text(f"def solve(*x):\n    return {k}\n")
     (d.parent / "SKILL.md").write_text("- learnt\n")
-    (tmp_path / "attempts.jsonl").write_text(json.dumps({"kind": "attempt", "trial": "p28_r1_solo_tirx"}) + "\n")
+    (tmp_path / "attempts.jsonl").write_text(json.dumps(attempt("p28_r1_solo_tirx", "incorrect")) + "\n")
     src = replay.open_source(str(tmp_path))
     assert src.kind == "run" and src.max_submissions == 2
     b = replay.ReplayBackend(src, seed=0)

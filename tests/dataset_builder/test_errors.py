@@ -11,6 +11,7 @@ from dataset_builder.build import BuildOptions, build_dataset
 from dataset_builder.errors import BuildError
 from mkb_eval.dataset import DatasetError, check_folder, load_dataset, read_manifest
 from tests.dataset_builder.conftest import Built
+from tests.helpers import attempt
 
 
 def test_a_truncated_parquet_is_named(copy_of: Path, tmp_path: Path):
@@ -98,7 +99,7 @@ def test_a_failed_rebuild_keeps_the_previous_build(copy_of: Path, tmp_path: Path
     before = {p: p.read_bytes() for p in copy_of.rglob("*") if p.is_file()}
     run = tmp_path / "bad-run"
     run.mkdir()
-    (run / "attempts.jsonl").write_text('{"trial": "p28_r1_solo_tirx", "status": "ok", "speedup": 2.0}\n{"torn')
+    (run / "attempts.jsonl").write_text(json.dumps(attempt("p28_r1_solo_tirx", "ok", 2.0)) + '\n{"torn')
     with pytest.raises(BuildError, match=r"attempts.jsonl:2: malformed JSON"):
         build_dataset(BuildOptions(out=copy_of, version="1.0.1", configs=("problems", "attempts"), problem_ids=(28,),
                                    runs=(run,), previous=copy_of))

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from mkb_eval.agent.store import RunStore
+from tests.helpers import attempt
 
 MODEL = "test-org/test-model"
 SKILLS = {
@@ -29,14 +30,7 @@ SKILLS = {
 
 
 def _rec(trial: str, status: str, speedup: float | None = None, **extra: Any) -> dict[str, Any]:
-    pid, rep, arm = int(trial[1:3]), int(trial.split("_")[1][1:]), trial.split("_", 2)[2]
-    rec: dict[str, Any] = {"schema_version": 1, "kind": "attempt", "trial": trial, "problem_id": pid, "arm": arm,
-                           "replicate": rep, "status": status, "model": MODEL, "skipped": False, "error": None,
-                           "skill_sha256": None}
-    if speedup is not None:
-        rec.update(speedup=speedup, kernel_ms=round(1.0 / speedup, 6), eager_ms=1.0)
-    rec.update(extra)
-    return rec
+    return attempt(trial, status, speedup, model=MODEL, **extra)
 
 
 OUTCOMES = {

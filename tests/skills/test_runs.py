@@ -1,11 +1,14 @@
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 
 from mkb_eval.agent.store import RunStore
+from mkb_eval.metrics.inputs import SchemaVersionError
 from mkb_eval.skills.model import SkillError
 from mkb_eval.skills.runs import read_run, run_skills
+from tests.helpers import attempt
 from tests.skills.runfolder import MODEL, OUTCOMES, SKILLS
 
 
@@ -53,12 +56,33 @@ def test_folders_found_by_name_outside_the_store_layout(tmp_path: Path):
     for d in ("models/a/ab12cd_p28_r1_solo_tirx", "models/b/ef34ab_p28_r1_solo_tirx"):
         (run / d).mkdir(parents=True)
         (run / d / "SKILL.md").write_text("- x\n")
-    rec = {"schema_version": 1, "kind": "attempt", "trial": "p28_r1_solo_tirx", "status": "ok", "speedup": 2.0}
-    (run / "attempts.jsonl").write_text(json.dumps(rec) + "\n")
-    with pytest.raises(SkillError, match=r"has 2 folders .* give each record a trial_dir"):
+    (run / "attempts.jsonl").write_text(json.dumps(attempt("p28_r1_solo_tirx", "ok", 2.0)) + "\n")
+    with pytest.raises(SkillError, match=r"has 2 folders .* keep one"):
         read_run(run)
-    (run / "attempts.jsonl").write_text(json.dumps({**rec, "trial_dir": "models/b/ef34ab_p28_r1_solo_tirx"}) + "\n")
+    shutil.rmtree(run / "models/a")
     assert read_run(run).attempts[0].skill == run / "models/b/ef34ab_p28_r1_solo_tirx/SKILL.md"
+
+
+def test_a_record_that_is_not_a_full_attempt_record_is_named_never_released(run_dir: Path):
+    """The metrics' subset alone (another tool's record, with its trial_dir) is refused with the line and
+    field; read leniently it is skipped and takes the trial's earlier valid record with it."""
+    subset = {"schema_version": 1, "kind": "attempt", "trial": "p28_r1_solo_tirx", "status": "ok", "speedup": 2.0,
+              "trial_dir": "trials/p28_r1_solo_tirx"}
+    n = len((run_dir / "attempts.jsonl").read_text().splitlines()) + 1
+    with open(run_dir / "attempts.jsonl", "a") as f:
+        f.write(json.dumps(subset) + "\n")
+    with pytest.raises(SkillError, match=rf"attempts.jsonl:{n}: not a valid attempt record.*trial_dir: Extra inputs"):
+        read_run(run_dir)
+    with pytest.warns(UserWarning, match=rf"attempts.jsonl:{n}: .*record skipped"):
+        run = read_run(run_dir, strict=False)
+    assert run.find(MODEL, "p28_r1_solo_tirx") is None and len(run.attempts) == len(OUTCOMES) - 1
+
+
+def test_a_newer_schema_version_is_refused_even_when_reading_leniently(run_dir: Path):
+    with open(run_dir / "attempts.jsonl", "a") as f:
+        f.write(json.dumps({**attempt("p28_r1_solo_tirx"), "schema_version": 2}) + "\n")
+    with pytest.raises(SchemaVersionError, match="schema_version 2"):
+        read_run(run_dir, strict=False)
 
 
 def test_strict_reading_refuses_a_torn_line_lenient_reading_warns(run_dir: Path):
