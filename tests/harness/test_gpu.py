@@ -163,3 +163,56 @@ def test_reference_timer_matches_the_judge_in_process():
             assert min(b for _, b in took) < 3 * max(a for a, _ in took) + 10, (pid, took)
     finally:
         timer.close()
+
+
+def test_quiet_retime_of_one_kernel_against_itself():
+    """Two re-timings at once, sharing the quiet hold (as ``mkb run`` runs them): each labels problem 28's
+    shipped kernel twice (an A/A), every window passes, their timed rounds do not overlap, and the two
+    labels' median device times agree within 3% (end-to-end within 10%: the host path is in it)."""
+    import threading
+
+    from mkb_eval.harness.quiet import QuietHost
+    from mkb_eval.harness.retime import retime
+
+    p28 = P.find(28)
+    dsl = "tirx" if p28.solution_path("tirx").exists() else "cutedsl"
+    quiet, results, spans, lock = QuietHost(), [], [], threading.Lock()
+    real_quiet = quiet.quiet
+
+    def timed_quiet():                          # the quiet sections' spans, to check they did not overlap
+        import contextlib
+        import time
+
+        @contextlib.contextmanager
+        def span():
+            with real_quiet() as waited:
+                t0 = time.perf_counter()
+                yield waited
+                with lock:
+                    spans.append((t0, time.perf_counter()))
+        return span()
+
+    quiet.quiet = timed_quiet
+
+    def one(seed):
+        res = retime(p28, {"base": (dsl, p28.solution_path(dsl)), "skill": (dsl, p28.solution_path(dsl))},
+                     rounds=4, quiet=quiet, seed=seed)
+        with lock:
+            results.append(res)
+
+    threads = [threading.Thread(target=one, args=(s,)) for s in (1, 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(600)
+    assert len(results) == 2 and len(spans) == 2
+    (a0, a1), (b0, b1) = sorted(spans)
+    assert a1 <= b0, f"timed rounds overlapped: {spans}"
+    for res in results:
+        assert all(w.status == "ok" for w in res.windows), [(w.label, w.status, w.message[:200]) for w in res.windows]
+        assert "quiet_wait" in res.stages_s and "busy_wait" in res.stages_s
+        med = {k: {lab: statistics.median(getattr(w, k) for w in res.windows if w.label == lab) for lab in ("base", "skill")}
+               for k in ("device_ms", "kernel_ms")}
+        print(f"\nquiet A/A, problem 28 {dsl}: {med}, stages {res.stages_s}")
+        assert abs(med["device_ms"]["skill"] / med["device_ms"]["base"] - 1) < 0.03
+        assert abs(med["kernel_ms"]["skill"] / med["kernel_ms"]["base"] - 1) < 0.10
