@@ -10,7 +10,7 @@ The metrics read a small subset, leniently (:mod:`mkb_eval.metrics.inputs`): the
 and dataset rows that never were full records.
 
 Older shapes are migrated before validation (:data:`MIGRATIONS`, applied by
-``mkb_eval.run_record.migrate``). There are none yet: every record the run loop wrote, from its first
+``mkb_eval.record_migrations.migrate``). There are none yet: every record the run loop wrote, from its first
 commit (442651f, a dict literal) through the typed model, is version 1 with these fields, and the
 committed ones validate as they are (a test reads every ``attempts.jsonl`` under ``results/``). A line
 without ``schema_version`` was never written by the toolkit and is refused, not guessed at.
@@ -25,7 +25,7 @@ from typing import Any, Literal, NamedTuple
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from mkb_eval.records import SCHEMAS, validation_errors
-from mkb_eval.run_record import Migration, migrate
+from mkb_eval.record_migrations import Step, migrate
 from mkb_eval.vocab import Arm, AttemptStatus, Direction, Dsl, Family, Tier
 
 SCHEMA_VERSION = 1
@@ -111,7 +111,7 @@ class AttemptRecord(_Strict):
         return self.model_dump(mode="json")
 
 
-MIGRATIONS: dict[int, Migration] = {}        # from_version -> step; none: see the module docstring
+MIGRATIONS: dict[int, Step] = {}        # from_version -> step; none: see the module docstring
 
 
 def parse(d: Any, where: str = "record") -> AttemptRecord:

@@ -25,7 +25,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from mkb_eval.records import SCHEMAS, validation_errors
-from mkb_eval.run_record import Migration, migrate
+from mkb_eval.record_migrations import Step, migrate
 
 BASELINE_VERSION = 1
 SCHEMA_PATH = SCHEMAS / "baseline.schema.json"
@@ -58,7 +58,7 @@ def _v0_to_v1(d: dict[str, Any]) -> dict[str, Any]:
     return {**d, "schema_version": 1, "kind": "baseline"}
 
 
-MIGRATIONS: dict[int, Migration] = {0: _v0_to_v1}
+MIGRATIONS: dict[int, Step] = {0: _v0_to_v1}
 
 
 def parse_baseline(d: Any, where: str = "baseline") -> BaselineEntry:

@@ -1,8 +1,12 @@
-"""Migrations of verification records: older on-disk shapes brought to the current one before strict parsing.
+"""Record migrations: older on-disk shapes brought to the current one before strict parsing.
+
+:func:`migrate` is the one engine every record kind uses (verification, attempt, run, invocation,
+re-timing and baseline records): from a record's version, one step after another, to the current one.
+This module also holds the verification record's steps.
 
 Committed results (the curated set, sweeps, test logs) are never rewritten: a record is read as it was
-written and migrated in memory by :func:`migrate`, which applies :data:`MIGRATIONS` in order, each to
-records of its ``from_version``. A migration states what it changes and why; it never drops data
+written and migrated in memory by :func:`migrate_verification`, which applies :data:`MIGRATIONS` in
+order, each to records of its ``from_version``. A migration states what it changes and why; it never drops data
 silently: a field it removes is moved, or documented here as carrying nothing. A record that no
 migration brings to shape fails strict parsing (``mkb_eval.records.parse_verification``), which names
 the record and the field.
@@ -14,11 +18,30 @@ description of an old shape, not of the current dataclasses.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["MIGRATIONS", "Migration", "applied", "migrate"]
+__all__ = ["MIGRATIONS", "Migration", "Step", "applied", "migrate", "migrate_verification"]
+
+Step = Callable[[dict[str, Any]], dict[str, Any]]      # one version to the next, on a new dict
+
+
+def migrate(d: Any, key: str, current: int, steps: Mapping[int, Step], what: str, where: str) -> Any:
+    """``d`` brought to version ``current`` of its ``key`` (absent: 0) by the steps from its version
+    on, one after another (a new dict; ``d`` is left alone). ValueError for a version with no step
+    (a newer toolkit's record, or one no toolkit wrote); a non-object is returned as is for the model to refuse."""
+    if not isinstance(d, dict):
+        return d
+    version = d.get(key, 0)
+    while isinstance(version, bool) or version != current:          # True == 1 in Python, not a version
+        step = steps.get(version) if isinstance(version, int) and not isinstance(version, bool) else None
+        if step is None:
+            raise ValueError(f"{where}: {what} has {key} {version!r}; this toolkit reads {current}"
+                             + (f" (and migrates {', '.join(map(str, sorted(steps)))})" if steps else ""))
+        d = step(dict(d))
+        version = d.get(key, 0)
+    return d
 
 
 @dataclass(frozen=True)
@@ -91,32 +114,28 @@ MIGRATIONS: tuple[Migration, ...] = (
 )
 
 
-def applied(d: dict[str, Any], current: int) -> tuple[dict[str, Any], list[str]]:
-    """The record in the ``current`` shape (``d`` itself when it is current, else a migrated copy: ``d``
-    is never changed) and the names of the migrations that changed it. ValueError when its version is not one the migrations lead from."""
-    version = d.get("schema_version")
-    if version == current:
-        return d, []
-    if not any(m.from_version == version for m in MIGRATIONS):
-        raise ValueError(f"schema_version {version!r}; this toolkit reads {current} "
-                         f"(and migrates {', '.join(str(v) for v in sorted({m.from_version for m in MIGRATIONS}))})")
-    out, names = copy.deepcopy(d), []
-    for m in MIGRATIONS:
-        if out.get("schema_version") != m.from_version:
-            continue
-        before = copy.deepcopy(out)
-        m.apply(out)
-        if out != before:
-            names.append(m.name)
-    if out.get("schema_version") != current:
-        raise ValueError(f"schema_version {version!r}, which the migrations bring to {out.get('schema_version')!r}, "
-                         f"not {current}")
-    return out, names
+def applied(d: dict[str, Any], current: int, where: str = "record") -> tuple[dict[str, Any], list[str]]:
+    """The verification record in the ``current`` shape (``d`` itself when it is current, else a migrated
+    copy: ``d`` is never changed) and the names of the migrations that changed it; :func:`migrate`'s
+    ValueError naming ``where`` for a version the migrations do not lead from."""
+    names: list[str] = []
+
+    def step_from(version: int) -> Step:
+        def step(rec: dict[str, Any]) -> dict[str, Any]:
+            out = copy.deepcopy(rec)                  # the named migrations change nested parts in place
+            for m in MIGRATIONS:
+                if m.from_version == version:
+                    before = copy.deepcopy(out)
+                    m.apply(out)
+                    if out != before:
+                        names.append(m.name)
+            return out
+        return step
+
+    steps = {v: step_from(v) for v in sorted({m.from_version for m in MIGRATIONS})}
+    return migrate(d, "schema_version", current, steps, "verification record", where), names
 
 
-def migrate(d: dict[str, Any], current: int, where: str = "record") -> dict[str, Any]:
-    """:func:`applied`'s record alone, its ValueError naming ``where``."""
-    try:
-        return applied(d, current)[0]
-    except ValueError as e:
-        raise ValueError(f"{where}: verification record has {e}") from None
+def migrate_verification(d: dict[str, Any], current: int, where: str = "record") -> dict[str, Any]:
+    """:func:`applied`'s record alone."""
+    return applied(d, current, where)[0]

@@ -230,11 +230,11 @@ def parse_verification(d: Any, where: str = "record") -> VerificationRecord:
     migration reads, an unknown status or field, a field missing or of the wrong type)."""
     from pydantic import ValidationError
 
-    from mkb_eval.record_migrations import migrate
+    from mkb_eval.record_migrations import migrate_verification
 
     if not isinstance(d, dict):
         raise ValueError(f"{where}: a verification record must be a JSON object, got {type(d).__name__}")
-    d = migrate(d, SCHEMA_VERSION, where)
+    d = migrate_verification(d, SCHEMA_VERSION, where)
     if d.get("status") not in STATUSES:
         raise ValueError(f"{where}: unknown status {d.get('status')!r} (one of {', '.join(STATUSES)})")
     missing = [f.name for f in fields(VerificationRecord) if f.name not in d]

@@ -8,7 +8,7 @@ line and the field, and ``mkb_eval/schemas/{run,invocation,retime}.schema.json``
 models (``python -m mkb_eval.schemas``) for readers outside Python.
 
 Folders written before a record's current version are read through explicit migrations, applied in
-order before validation (:func:`migrate`); a version without a migration is refused, never guessed.
+order before validation (:func:`mkb_eval.record_migrations.migrate`); a version without a migration is refused, never guessed.
 The attempt records of a run folder have their own module (:mod:`mkb_eval.attempt_record`), and so do the
 shared baselines under ``baselines/``, the verifier's cache files (:mod:`mkb_eval.baseline_record`).
 """
@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import json
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from mkb_eval.record_migrations import Step, migrate
 from mkb_eval.records import SCHEMAS, validation_errors
 from mkb_eval.vocab import Arm, Dsl, Status, Tier
 
@@ -155,7 +156,6 @@ class RetimeRecord(_Strict):
 
 
 # -- migrations -------------------------------------------------------------------------------
-Migration = Callable[[dict[str, Any]], dict[str, Any]]
 
 
 def _invocation_0_to_1(d: dict[str, Any]) -> dict[str, Any]:
@@ -173,32 +173,15 @@ def _retime_1_to_2(d: dict[str, Any]) -> dict[str, Any]:
     return {**d, "windows": windows, "retime_version": 2}
 
 
-INVOCATION_MIGRATIONS: dict[int, Migration] = {0: _invocation_0_to_1}
-RETIME_MIGRATIONS: dict[int, Migration] = {1: _retime_1_to_2}
-RUN_META_MIGRATIONS: dict[int, Migration] = {}
-
-
-def migrate(d: Any, key: str, current: int, migrations: Mapping[int, Migration], what: str, where: str) -> Any:
-    """``d`` brought to version ``current`` of its ``key`` (absent: 0) by the migrations from its version
-    on, one after another (a new dict; ``d`` is left alone). ValueError for a version with no migration
-    (a newer toolkit's record, or one no toolkit wrote); a non-object is returned as is for the model to refuse."""
-    if not isinstance(d, dict):
-        return d
-    version = d.get(key, 0)
-    while isinstance(version, bool) or version != current:          # True == 1 in Python, not a version
-        step = migrations.get(version) if isinstance(version, int) and not isinstance(version, bool) else None
-        if step is None:
-            raise ValueError(f"{where}: {what} has {key} {version!r}; this toolkit reads {current}"
-                             + (f" (and migrates {', '.join(map(str, sorted(migrations)))})" if migrations else ""))
-        d = step(dict(d))
-        version = d.get(key, 0)
-    return d
+INVOCATION_MIGRATIONS: dict[int, Step] = {0: _invocation_0_to_1}
+RETIME_MIGRATIONS: dict[int, Step] = {1: _retime_1_to_2}
+RUN_META_MIGRATIONS: dict[int, Step] = {}
 
 
 M = TypeVar("M", bound=_Strict)
 
 
-def _parse(model: type[M], d: Any, key: str, current: int, migrations: Mapping[int, Migration], what: str,
+def _parse(model: type[M], d: Any, key: str, current: int, migrations: Mapping[int, Step], what: str,
            where: str) -> M:
     d = migrate(d, key, current, migrations, what, where)
     try:

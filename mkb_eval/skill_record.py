@@ -12,7 +12,7 @@ derived from the row's schema.
 The front matter has no version field: every file released so far has the one form this model
 describes (the corpus schema has not changed since the corpus began, and the committed corpus is
 checked against the model by the tests). The first change that old files do not meet adds a
-``schema_version`` key and a migration (``mkb_eval.run_record.migrate`` shows the form) here.
+``schema_version`` key and a migration (``mkb_eval.record_migrations.migrate`` shows the form) here.
 """
 
 from __future__ import annotations
