@@ -386,3 +386,26 @@ def test_a_sweeps_first_windows_share_the_problems_calibration_and_a_re_time_cal
     timed.Reference(P.find(2), "full", judge, Timer(), share=True).window(stamps(8))
     assert len(timed._SHARED) == 2
 
+
+
+def test_the_trusted_commitment_is_that_of_dense_outputs_when_the_reference_returns_a_view(monkeypatch):
+    """A reference that returns a transposed view pays a copy in its own commitment; the cost subtracted
+    from a worker's window is that of contiguous outputs of the same shapes (problem 66's honest kernel
+    fell under its SOL bound by the copy). Each non-contiguous tensor here costs 20 ms more to commit."""
+    seen, real = [], attest.commitments
+
+    def commit(outs, key):
+        flags = [t.is_contiguous() for o in outs for t in tensors.walk(o)]
+        seen.append(all(flags))
+        time.sleep(0.02 * flags.count(False))
+        return real(outs, key)
+
+    monkeypatch.setattr(attest, "commitments", commit)
+    x = torch.arange(64 * 32, dtype=torch.float32).reshape(64, 32)
+    view = attest.calibrate_window(lambda a: (a.t(), a + 1), lambda s: [x + s], [1, 2, 3], 7, lambda: None)
+    assert seen[:3] == [False] * 3 and seen[3:] == [True] * 3        # own layout 3 times, then dense 3 times
+    assert view.commit_ms < 0.5 * 20.0 / 3                            # per call: the copy's 20 ms are not in it
+    assert view.attested_ms >= 0                                      # the reference's own window: its own layout
+    seen.clear()
+    dense = attest.calibrate_window(lambda a: (a * 2, a + 1), lambda s: [x + s], [1, 2, 3], 7, lambda: None)
+    assert seen == [True] * 3 and dense.commit_ms >= 0                 # contiguous already: measured once
