@@ -13,6 +13,11 @@ export MKB_STATE="${MKB_STATE:-$HOME/mkb_state}"
 export MKB_CACHE_DIR="${MKB_STATE}/cache"
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 PYTHONUNBUFFERED=1
 mkdir -p "$MKB_STATE" "$MKB_CACHE_DIR"
+# pydantic (the typed records) is not in the host image: its wheels travel in .gpu/py (scripts/gpu_extras.sh)
+if ! python3 -c "import pydantic" 2>/dev/null; then
+  ls .gpu/py/*.whl >/dev/null 2>&1 || { echo "no pydantic on this host: bash scripts/gpu_extras.sh here, carry .gpu/py" >&2; exit 2; }
+  python3 -m pip install -q --no-index --no-deps .gpu/py/*.whl
+fi
 # MKB_SEED_COMPILE=results/h200/<date>_compile_baselines.jsonl: sweeps take torch.compile times from an
 # earlier report (same GPU model and versions) for every key this host's cache lacks, e.g. to benchmark sweeps
 # alone (a cache that an earlier stage had started, with problem 28 only, used to block the whole seed)

@@ -91,7 +91,10 @@ def test_verification_records_parse_strictly_and_the_schema_is_current():
         VerificationRecord.from_dict({**d, "schema_version": 99})
     path = VERIFICATION_SCHEMA_PATH
     assert path.read_text() == verification_schema_text(), "regenerate: python -m mkb_eval.attempt_record"
-    current = parse_verification(d, "curated").to_dict()           # the committed records are version 1
-    jsonschema.validate(current, json.loads(path.read_text()))
+    schema = json.loads(path.read_text())
+    jsonschema.validate(parse_verification(d, "curated").to_dict(), schema)
+    old = json.loads((root / "results" / "h200" / "2026-12-01_sweep_attested" / "sweep.jsonl")
+                     .read_text().splitlines()[0])                   # a version 1 record (before the typed parts)
+    jsonschema.validate(parse_verification(old, "attested sweep").to_dict(), schema)
     with pytest.raises(jsonschema.ValidationError):
-        jsonschema.validate(d, json.loads(path.read_text()))         # an older shape is migrated, not valid as it is
+        jsonschema.validate(old, schema)                             # an older shape is migrated, not valid as it is
