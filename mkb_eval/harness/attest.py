@@ -8,15 +8,12 @@ send any number. After them comes one **attested window** per evaluation:
    (:mod:`mkb_eval.harness.gate`) and stamps the send (``sent_ns``). The worker makes the K input
    sets, synchronises, and sends ``R``.
 2. Right after ``R`` the worker runs the K calls back to back (no sync between them), one device-wide
-   sync, then a one-pass row sum of every output and their combination into a keyed digest per
-   output (the commitment), and sends the digests (``done``); it keeps the K outputs alive. The host
-   path of each call overlaps the GPU work of the one before, so the window measures throughput: a
-   lower bound of the serial event-timed call. A sync per call with the row sums behind each call
-   (the first version) put the sums' host path (~40 us per call) and each call's host path at the
-   core's speed of that moment into the window: 16-60% above the event median on the H200; back to
-   back, the calls came within a few percent of the event median on GPU-bound kernels
-   (results/h200/2026-12-01_window). The commitment still ends the window: work deferred past the
-   calls (a thread finishing outputs later) is inside it.
+   sync, says so (``C``), then a one-pass row sum of every output and their combination into a keyed
+   digest per output (the commitment), and sends the digests (``done``); it keeps the K outputs alive. The host
+   path of each call overlaps the GPU work of the one before, so the window measures throughput, a
+   lower bound of the serial event-timed call (a sync per call put each call's host path into it:
+   16-60% above the event median on the H200, results/h200/2026-12-01_window). The commitment ends
+   the window: work deferred past the calls (a thread finishing outputs later) is inside it.
 3. Both worker messages are stamped by the kernel when the worker *sends* them (``SO_TIMESTAMPNS``
    on the parent's end of an ``AF_UNIX``/``SOCK_SEQPACKET`` pair), so the window is
    ``done - ready`` measured by a clock the worker cannot set, whatever the parent process is doing:
@@ -28,9 +25,9 @@ send any number. After them comes one **attested window** per evaluation:
 
 The attested per-call time is ``A = (window - K x commit) / K``, where ``commit`` (the row sums and
 their combination after the calls, per call) is measured by the trusted side running the same steps
-on the reference's outputs of the same shapes (``calibrate_window``). The digest's kernels run once
-before any window on both sides (``warm_digest``): CUDA loads a kernel on its first launch, and a
-first window carried that (0.6-0.9 ms per call on problem 28, every evaluation then re-timed).
+on dense outputs of the reference's shapes (``calibrate_window``), or ``(C - R) / K`` when longer
+(:func:`attested_ms`). The digest's kernels run once before any window on both sides (``warm_digest``):
+a first launch loads a kernel (0.6-0.9 ms per call in a first window on problem 28).
 Recorded ``kernel_ms = max(worker event median, A)``: nothing the worker reports can make it faster
 than what the parent saw. The eager baseline gets the same window in the trusted timer, so
 ``speedup = eager / kernel`` compares like with like.
@@ -58,7 +55,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from mkb_eval.harness.protocol import READY, WindowOp, digests_reply
+from mkb_eval.harness.protocol import CALLED, READY, WindowOp, digests_reply
 
 WINDOW_CALLS = 16               # calls per window when memory allows (more when inputs are small)
 WINDOW_MIN_CALLS = 3            # never fewer, whatever the memory budget
@@ -177,6 +174,7 @@ class WindowStamps:
     sent_ns: int
     ready_ns: int
     done_ns: int
+    called_ns: int = 0         # the worker's "calls done" (0: none sent)
     digests: list[list[list[int]]] = field(default_factory=list)
     saved: list[int] = field(default_factory=list)
     seeds: list[int] = field(default_factory=list)
@@ -210,8 +208,14 @@ class WindowCalibration:
 
 
 def attested_ms(stamps: WindowStamps, cal: WindowCalibration) -> float:
-    """Per-call time of the worker's window, the trusted commitment cost taken out."""
-    return max(0.0, (stamps.window_ms - stamps.calls * cal.commit_ms) / max(1, stamps.calls))
+    """Per-call time of the worker's window: less the trusted commitment cost, or until the worker's
+    "calls done" when longer. A worker can only raise it by that message (late) or leave it (early);
+    it helps where the trusted cost read more than the worker's own (problem 21 on the H200: 0.0 ms)."""
+    k = max(1, stamps.calls)
+    less_commit = max(0.0, (stamps.window_ms - stamps.calls * cal.commit_ms) / k)
+    if not stamps.ready_ns < stamps.called_ns <= stamps.done_ns:
+        return less_commit
+    return max(less_commit, (stamps.called_ns - stamps.ready_ns) / 1e6 / k)
 
 
 def precompute_allowance_ms(cal: WindowCalibration) -> float:
@@ -298,6 +302,7 @@ def worker_window(fd: int, op: WindowOp, make: Callable[[int], list[Any]], solve
         os.write(fd, READY)
         outs = [solve(*inputs) for inputs in sets]          # back to back, no sync between calls
         sync()
+        os.write(fd, CALLED)
         digests = commitments(outs, key)
         os.write(fd, digests_reply(digests))
     del sets
@@ -368,15 +373,14 @@ def calibrate_window(fn: Callable[..., Any], make: Callable[[int], list[Any]], s
         own = [t4 - t_calls]
         del sets
         own += [_commit_s(outs, key) for _ in range(2)]
-        # what is subtracted from a worker's window is the commitment of dense outputs of these shapes: a
-        # reference that returns a view (problem 66's transposed output) pays a copy in its own commitment
-        # (0.17 ms a call on the H200, which put that problem's honest kernel under its SOL bound); a
-        # candidate's view pays that copy inside its own window, which only makes it slower
+        # subtracted from a worker's window: the commitment of dense outputs (a reference's view pays a
+        # copy, 0.17 ms a call on problem 66, which put its honest kernel under the SOL bound; a
+        # candidate's view pays it inside its own window)
         if all(t.is_contiguous() for out in outs for t in walk(out)):
             dense = own
         else:
-            for i, out in enumerate(outs):
-                outs[i] = _dense(out)             # one output set at a time: memory grows by one
+            for i, out in enumerate(outs):        # one output set at a time: memory grows by one
+                outs[i] = [t.contiguous() for t in walk(out)]      # walk order: the same commitment
             sync()
             dense = [_commit_s(outs, key) for _ in range(3)]
         del outs
@@ -392,9 +396,3 @@ def _commit_s(outs: Sequence[Any], key: int) -> float:
     commitments(outs, key)            # ends in a read back: the GPU work is inside
     return time.perf_counter() - s
 
-
-def _dense(value: Any) -> Any:
-    """``value``'s tensors made contiguous, in ``tensors.walk`` order (all a commitment reads)."""
-    if isinstance(value, (list, tuple)):
-        return [_dense(v) for v in value]
-    return value.contiguous() if hasattr(value, "is_contiguous") else value

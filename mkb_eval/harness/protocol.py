@@ -23,7 +23,7 @@ from mkb_eval.vocab import Status
 
 # -- bytes on the gate -----------------------------------------------------------------------------
 GO, STOP = b"go", b"stop"                      # the lane gate (phase 1): go on, or end
-READY, SAVED, PREPPED = b"R", b"S", b"P"       # the window's replies (:mod:`.attest`)
+READY, CALLED, SAVED, PREPPED = b"R", b"C", b"S", b"P"      # the window's replies (:mod:`.attest`)
 
 OpName = Literal["events", "prep", "window", "save", "end"]
 Kind = Literal["progress", "lane", "phase1", "final"]

@@ -21,8 +21,8 @@ from typing import Any
 
 from mkb_eval.harness import attest, cores
 from mkb_eval.harness.attest import TimingVerdict, WindowCalibration, WindowStamps
-from mkb_eval.harness.protocol import (PREPPED, PROTOCOL_FLAG, PROTOCOL_STATUS, READY, SAVED, EndOp, EventsReport, Op,
-                                       PrepOp, ProtocolError, SaveOp, WindowOp, decode_digests, reply_text)
+from mkb_eval.harness.protocol import (CALLED, PREPPED, PROTOCOL_FLAG, PROTOCOL_STATUS, READY, SAVED, EndOp, EventsReport,
+                                       Op, PrepOp, ProtocolError, SaveOp, WindowOp, decode_digests, reply_text)
 from mkb_eval.records import Timing
 
 
@@ -77,6 +77,9 @@ def run_window(w: Any, calls: int, tag: str, timeout: float, rechecks: int = att
     data, ready = _reply(w, timeout)
     if data != READY:
         raise WindowFailed("runtime_error", "timed window: " + reply_text(data))
+    data, called = _reply(w, timeout)
+    if data != CALLED:
+        raise WindowFailed("runtime_error", "timed window: " + reply_text(data))
     data, done = _reply(w, timeout)
     try:
         digests = decode_digests(data, calls)
@@ -88,8 +91,8 @@ def run_window(w: Any, calls: int, tag: str, timeout: float, rechecks: int = att
     data, _ = _reply(w, timeout)
     if data != SAVED:
         raise WindowFailed("runtime_error", "saving the timed window's outputs: " + reply_text(data))
-    return WindowStamps(calls=calls, sent_ns=sent, ready_ns=ready, done_ns=done, digests=digests, saved=which,
-                        seeds=win_seeds, key=key, tag=tag)
+    return WindowStamps(calls=calls, sent_ns=sent, ready_ns=ready, done_ns=done, called_ns=called, digests=digests,
+                        saved=which, seeds=win_seeds, key=key, tag=tag)
 
 
 def finish(w: Any, timeout: float = 10.0) -> None:

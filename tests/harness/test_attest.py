@@ -100,6 +100,21 @@ def test_the_attested_time_and_the_precompute_excess_with_a_fake_clock():
     assert attest.precompute_excess_ms(_stamps(2.0 + allowance + 1.1, 1.5), _cal()) == pytest.approx(1.1)
 
 
+def test_the_calls_done_stamp_can_raise_the_attested_time_never_lower_it():
+    """A trusted commitment cost that reads more than the worker's own (taken in another process) no
+    longer takes the calls' time out with it: the span until the worker's "calls done" stands. Sent
+    early it changes nothing; sent late it only makes the kernel slower; out of order it is ignored."""
+    def at(called_ms, commit_ms=0.14):
+        s = _stamps(pre_ms=2.0, window_ms=1.5)
+        s.called_ns = s.ready_ns + int(called_ms * MS) if called_ms is not None else 0
+        return attest.attested_ms(s, _cal(commit_ms=commit_ms))
+
+    assert at(None) == pytest.approx(0.01) and at(0.9) == pytest.approx(0.09)   # over-measured cost: 0.01 -> 0.09
+    assert at(0.05) == pytest.approx(0.01)                                        # early: the subtraction stands
+    assert at(0.9, commit_ms=0.02) == pytest.approx((1.5 - 0.2) / 10)              # the larger of the two
+    assert at(1.5) == pytest.approx(0.15) and at(2.0) == pytest.approx(0.01)       # at the end; after the end: ignored
+
+
 def test_a_forged_report_is_re_timed_then_rejected():
     v = attest.decide(0.01, [0.1], [-1.0], sol_ms=0.05)                     # 10x faster than the parent saw
     assert v.status == "retime"
@@ -391,21 +406,23 @@ def test_a_sweeps_first_windows_share_the_problems_calibration_and_a_re_time_cal
 def test_the_trusted_commitment_is_that_of_dense_outputs_when_the_reference_returns_a_view(monkeypatch):
     """A reference that returns a transposed view pays a copy in its own commitment; the cost subtracted
     from a worker's window is that of contiguous outputs of the same shapes (problem 66's honest kernel
-    fell under its SOL bound by the copy). Each non-contiguous tensor here costs 20 ms more to commit."""
-    seen, real = [], attest.commitments
+    fell under its SOL bound by the copy). On a fake clock a commitment costs 1 ms, and 20 ms more for
+    each non-contiguous tensor."""
+    seen, real, now = [], attest.commitments, [0.0]
 
     def commit(outs, key):
         flags = [t.is_contiguous() for o in outs for t in tensors.walk(o)]
         seen.append(all(flags))
-        time.sleep(0.02 * flags.count(False))
+        now[0] += 0.001 + 0.02 * flags.count(False)
         return real(outs, key)
 
     monkeypatch.setattr(attest, "commitments", commit)
+    monkeypatch.setattr(attest, "time", SimpleNamespace(perf_counter=lambda: now[0]))
     x = torch.arange(64 * 32, dtype=torch.float32).reshape(64, 32)
     view = attest.calibrate_window(lambda a: (a.t(), a + 1), lambda s: [x + s], [1, 2, 3], 7, lambda: None)
-    assert seen[:3] == [False] * 3 and seen[3:] == [True] * 3        # own layout 3 times, then dense 3 times
-    assert view.commit_ms < 0.5 * 20.0 / 3                            # per call: the copy's 20 ms are not in it
-    assert view.attested_ms >= 0                                      # the reference's own window: its own layout
+    assert seen == [False] * 3 + [True] * 3                          # its own layout 3 times, then dense 3 times
+    assert view.commit_ms == pytest.approx(1 / 3)                     # per call, the copies' 60 ms not in it
+    assert view.attested_ms == 0.0                                    # the reference's own: its window less its own
     seen.clear()
     dense = attest.calibrate_window(lambda a: (a * 2, a + 1), lambda s: [x + s], [1, 2, 3], 7, lambda: None)
-    assert seen == [True] * 3 and dense.commit_ms >= 0                 # contiguous already: measured once
+    assert seen == [True] * 3 and dense.commit_ms == pytest.approx(1 / 3)   # contiguous already: measured once

@@ -59,7 +59,7 @@ def test_the_window_replies_round_trip():
     digests = [[[1, 2], [3, -4]], [[5, 6], [7, 8]]]
     assert P.decode_digests(P.digests_reply(digests), 2) == digests
     assert P.reply_text(P.error_reply("holding the window's memory: OOM")) == "holding the window's memory: OOM"
-    assert len({P.GO, P.STOP, P.READY, P.SAVED, P.PREPPED}) == 5
+    assert len({P.GO, P.STOP, P.READY, P.CALLED, P.SAVED, P.PREPPED}) == 6
 
 
 def _edit(msg, **changes) -> dict:
@@ -220,6 +220,7 @@ class _ScriptedWorker:
             child.send(P.PREPPED)
             self.ops.append(P.decode_op(child.recv(MAX_PACKET)))
             child.send(P.READY)
+            child.send(P.CALLED)
             child.send(last)
 
         self.thread = threading.Thread(target=run, daemon=True)
