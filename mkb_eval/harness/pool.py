@@ -5,8 +5,9 @@ DSL toolchains, then blocks reading its job. Taking one hands that process to a 
 evaluation (it is never reused) and spawns its replacement, so the process start and imports
 (15-18 s and as many CPU seconds on the H200 host, results/h200/2026-11-30_bench7) overlap the
 previous evaluation instead of adding to it. With ``fork`` (the default; ``MKB_FORK_SERVER=0``
-turns it off) the imports are paid once per key: a fork server (``forkserver.py``) forks every
-worker, and exec'd workers are the fallback where it cannot start. A worker taken while still importing gets its
+turns it off) the imports are paid once per tier, GPU and worker user: a fork server (``forkserver.py``)
+forks every worker, whatever sandbox caps it asks for (each child enters its own), and exec'd workers
+are the fallback where it cannot start. A worker taken while still importing gets its
 replacement only once its imports are done: at a sweep's start every worker is taken at once,
 and replacements importing beside them made the first evaluations wait 20 s for their workers
 (results/h200/2026-11-30_bench6). A worker holds no job, seed or candidate code until it is
@@ -58,9 +59,12 @@ class WarmPool:
         from mkb_eval.harness.spawn import spawn_worker, start_fork_server
 
         self.spawned += 1
-        if self.fork and key not in self.servers:
-            self.servers[key] = start_fork_server(tier, gpu, limits)
-        server = self.servers.get(key)
+        # the server's environment depends on the tier, the GPU and the user whose code copy it imports;
+        # the caps (memory, processes, file size, network, confinement) are entered by each forked child
+        skey = key[:2] + (limits.sandbox.run_as,)
+        if self.fork and skey not in self.servers:
+            self.servers[skey] = start_fork_server(tier, gpu, limits)
+        server = self.servers.get(skey)
         if server is not None and not server.broken:
             try:
                 return spawn_worker(tier, gpu, limits, preload=True, server=server)

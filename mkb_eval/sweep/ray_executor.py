@@ -190,6 +190,8 @@ def _run_warm(jobs: list[Job], tier: str, verify_kwargs: dict[str, Any], emit: C
     import ray
     from ray.exceptions import RayActorError
 
+    if not jobs:                                  # a resumed sweep with nothing left: no actor, no fork server
+        return
     res = ray.cluster_resources()
     n = max(1, min(len(jobs), int(res.get("GPU", 0) if tier == "gpu" else res.get("CPU", 1))))
     actor = ray.remote(WarmEvaluator).options(num_cpus=1, num_gpus=1 if tier == "gpu" else 0)

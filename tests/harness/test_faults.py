@@ -1,5 +1,7 @@
 """Fault injection on the CPU tier: each fault is survived and the next evaluation is healthy."""
 
+import dataclasses
+
 import pytest
 
 from mkb_eval.harness import faults as F
@@ -24,10 +26,13 @@ def forked_pool():
 
 @pytest.mark.parametrize("fault", CPU_FAULTS, ids=[f.name for f in CPU_FAULTS])
 def test_fault_survived_by_a_forked_worker(fault, tmp_path, forked_pool):
-    """A sweep's workers are forked by a server that runs as the sweep's user: the same caps hold."""
+    """A sweep's workers are forked by a server that runs as the sweep's user: the same caps hold, each
+    entered by its forked child (one server for every fault's caps and the healthy evaluation's)."""
+    if fault.name == "hang_cpu":          # a forked worker's imports are done: 4 s reach into solve with room
+        fault = dataclasses.replace(fault, limits={**fault.limits, "timeout": 4})
     taken = forked_pool.taken
     row = F.run_fault(fault, "cpu", tmp_path, forked_pool)
-    assert forked_pool.taken == taken + 2 and forked_pool.servers        # the fault's and the healthy one's
+    assert forked_pool.taken == taken + 2 and len(forked_pool.servers) == 1   # the fault's and the healthy one's
     assert row.status in fault.expect, row
     assert row.survived, row
     assert row.leftovers == 0 and row.next_ok, row

@@ -12,6 +12,7 @@ from mkb_eval import problems as P
 from mkb_eval.harness import spawn
 from mkb_eval.harness.forkserver import ForkServer
 from mkb_eval.harness.pool import WarmPool
+from mkb_eval.harness.sandbox import code_root
 from mkb_eval.harness.spawn import start_fork_server
 from mkb_eval.harness.verify import Limits, spawn_worker, verify
 from tests.helpers import until
@@ -114,18 +115,20 @@ def test_workers_asked_of_a_server_that_refuses_are_replaced_not_crashed(monkeyp
 
 
 def _fake_server(tmp_path: Path, code: str):
-    """start_fork_server's stand-in: a server process running ``code`` (with the real one's folder)."""
+    """start_fork_server's stand-in: a server process running ``code``, in a folder of its own. (A real
+    server started only for its folder and closed at once cost up to 10 s: it reads its socket, and so
+    sees it closed, only once its imports are done.)"""
     fake = tmp_path / "fake" / "mkb_eval" / "harness"
     fake.mkdir(parents=True)
     for d in (fake.parent, fake):
         (d / "__init__.py").write_text("")
     (fake / "forkserver.py").write_text(code)
-    real = spawn.start_fork_server
 
     def start(tier, gpu, limits):
-        server = real(tier, gpu, limits)
-        server.close()
-        return ForkServer({**os.environ, "PYTHONPATH": str(tmp_path / "fake")}, server.folder)
+        code_root(limits.sandbox.run_as)       # as the real one, before its process starts: the worker user's probe
+        folder = Path(tempfile.mkdtemp(prefix="mkb-forkserver-", dir=tmp_path))
+        (folder / "work").mkdir()
+        return ForkServer({**os.environ, "PYTHONPATH": str(tmp_path / "fake")}, folder)
 
     return start
 

@@ -6,7 +6,8 @@ at a time as the machine has cores (two on CI). Each solution keeps its own test
 the selected ones are checked (``-k 28-`` runs two). In cold workers, each paying ~7 s of imports
 before its compile, the file took 17.9 min on the 2-core CI machine; this way it takes 3.0 min (179 s,
 2026-12-01, the machine otherwise idle). The cold, exec'd path is still
-checked here for one solution per DSL, and by every evaluation in tests/harness/test_verify_cpu.py.
+checked here for one solution per DSL, by the known-bad kernels in tests/harness/test_verify_cpu.py and
+by the exec'd fault variants in tests/harness/test_faults.py.
 """
 
 from __future__ import annotations

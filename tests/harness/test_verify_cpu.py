@@ -1,9 +1,17 @@
-"""Every status reachable on the CPU tier, each in its own worker, with the next evaluation unaffected."""
+"""Every status reachable on the CPU tier, each in its own worker, with the next evaluation unaffected.
+
+The statuses are taken in workers forked by one fork server, as a sweep's are (each evaluation still
+gets a fresh process): a cold worker pays ~5 s of torch and DSL imports before its job, twice per case.
+The cold, exec'd path is checked here by ``test_known_bad_kernels_compile_on_cpu`` and, for the
+process-level failures (raise, hang, abort, exit, an output flood), by the exec'd variants in
+tests/harness/test_faults.py.
+"""
 
 import importlib.util
 
 import pytest
 
+from mkb_eval.harness.pool import WarmPool
 from mkb_eval.harness.verify import Limits, verify
 
 from .conftest import KERNELS, compose
@@ -12,13 +20,24 @@ spec = importlib.util.spec_from_file_location("bodies", KERNELS / "bodies.py")
 bodies = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(bodies)
 LIMITS = Limits(correctness_s=60, timing_s=60, cpu_s=60)
+FORKED = "warm (forked from a server with the toolchains imported)"
+
+
+@pytest.fixture(scope="module")
+def forked_pool():
+    """One idle forked worker ahead of each evaluation (the hang's shorter limit shares the sandbox key)."""
+    with WarmPool(fork=True) as pool:
+        pool.fill("cpu", 0, LIMITS)
+        yield pool
 
 
 @pytest.mark.parametrize("case", sorted(bodies.CPU_CASES))
-def test_status_then_healthy(case, p28, tmp_path):
+def test_status_then_healthy(case, p28, tmp_path, forked_pool):
     body, expected = bodies.CPU_CASES[case]
-    limits = Limits(cpu_s=8) if case == "hangs" else LIMITS
-    rec = verify(p28, "cutedsl", compose(body, tmp_path, case), tier="cpu", limits=limits)
+    # the worker's imports are done before its job: 5 s reach into solve with room to spare
+    limits = Limits(cpu_s=5) if case == "hangs" else LIMITS
+    taken = forked_pool.taken
+    rec = verify(p28, "cutedsl", compose(body, tmp_path, case), tier="cpu", limits=limits, pool=forked_pool)
     assert rec.status == expected, (rec.status, rec.message[-2000:])
     assert rec.tier == "cpu" and rec.kernel_sha256 and rec.problem_hash == p28.hash
     if case == "prints_10mb":
@@ -31,8 +50,11 @@ def test_status_then_healthy(case, p28, tmp_path):
         assert "undefined_name_in_dsl" in rec.message
     # a fresh process per evaluation: the next one is untouched by whatever this one did
     good = verify(p28, "cutedsl", compose(bodies.CPU_CASES["good"][0], tmp_path, "good_after"), tier="cpu",
-                  limits=LIMITS)
+                  limits=LIMITS, pool=forked_pool)
     assert good.status == "unverified", good.message
+    ran = rec.stage != "parse"                 # a kernel without solve is refused before any worker
+    assert forked_pool.taken == taken + 1 + ran and good.sandbox.worker == FORKED
+    assert rec.sandbox.worker == (FORKED if ran else None), rec.sandbox
 
 
 def test_syntax_error_is_compile_error(p28, tmp_path):
