@@ -38,3 +38,40 @@ def test_worker_env_fills_in_the_folder_and_the_tier():
         for v in {**s.env, **s.cpu_env}.values():
             if v.startswith("{root}/"):
                 assert v.split("/")[1] in (*s.cache_dirs, "dump"), (s.name, v)
+
+
+class _Module:
+    """A TVM runtime module as ``_cuda_sources`` walks it: a kind, a source, imported modules."""
+
+    def __init__(self, kind: str, source: str = "", imports: tuple = ()) -> None:
+        self.kind, self._source, self.imports = kind, source, list(imports)
+
+    def inspect_source(self) -> str:
+        return self._source
+
+
+class _Log:
+    def __init__(self, *sources: str) -> None:
+        self.artifacts = [{"dsl": "tirx", "executable": _Module("library", imports=(_Module("cuda", s),))}
+                          for s in sources]
+
+
+def test_tirx_compiles_each_distinct_cuda_source_once(tmp_path: Path):
+    seen: list[str] = []
+
+    def nvcc(source: str, work: Path, name: str) -> dict:
+        seen.append(source)
+        return {"cubin_bytes": len(source)}
+
+    arts = dsl.get("tirx").compiled_artifacts(_Log("a", "bb", "a"), tmp_path, nvcc)
+    assert seen == ["a", "bb"]                                   # the repeated module is not compiled again
+    assert arts["cuda_sources"] == 3 and arts["nvcc"] == [{"cubin_bytes": 1}, {"cubin_bytes": 2}, {"cubin_bytes": 1}]
+
+
+def test_tirx_reports_the_first_source_nvcc_refuses(tmp_path: Path):
+    def nvcc(source: str, work: Path, name: str) -> dict:
+        return {"error": f"nvcc failed on {name}"} if source == "bad" else {"cubin_bytes": 1}
+
+    arts = dsl.get("tirx").compiled_artifacts(_Log("ok", "bad", "bad"), tmp_path, nvcc)
+    assert arts["error"] == "nvcc failed on tirx_1" and arts["nvcc"] == [{"cubin_bytes": 1}]
+    assert dsl.get("tirx").compiled_artifacts(_Log(), tmp_path, nvcc)["error"].startswith("no CUDA device module")

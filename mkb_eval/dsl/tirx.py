@@ -98,16 +98,20 @@ def _cuda_sources(exe: Any) -> list[str]:
 
 
 def compiled_artifacts(log: Any, dump_dir: Path, nvcc_cubin: NvccCubin) -> dict[str, Any]:
-    """The CUDA source of every ``tvm.compile`` result, each compiled to a cubin by ``nvcc_cubin``."""
+    """The CUDA source of every ``tvm.compile`` result, each compiled to a cubin by ``nvcc_cubin``; a source
+    identical to an earlier one (a kernel that compiles the same module twice) shares its cubin."""
     sources = [s for a in log.artifacts if a["dsl"] == "tirx" for s in _cuda_sources(a["executable"])]
     if not sources:
         return {"error": "no CUDA device module was produced by tvm.compile (is the target CUDA?)"}
     res: dict[str, Any] = {"cuda_sources": len(sources), "cuda_source_bytes": sum(len(s) for s in sources)}
+    done: dict[str, dict[str, Any]] = {}
     for k, src in enumerate(sources):
-        r = nvcc_cubin(src, dump_dir, f"tirx_{k}")
+        r = done.get(src)
+        if r is None:
+            r = done[src] = nvcc_cubin(src, dump_dir, f"tirx_{k}")
         if "error" in r:
             return {**res, "error": r["error"]}
-        res.setdefault("nvcc", []).append(r)
+        res.setdefault("nvcc", []).append(dict(r))
     return res
 
 

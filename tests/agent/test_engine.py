@@ -36,9 +36,15 @@ def test_prepared_checkpoint(embedded: Path) -> None:
     assert models.prepare(log=lambda s: None) == embedded      # idempotent: no second conversion
 
 
+@pytest.fixture(scope="module")
+def transformers_backend(embedded: Path) -> TransformersBackend:
+    """One model load for the module's transformers tests."""
+    return TransformersBackend(embedded, name="smollm2-135m-instruct")
+
+
 @pytest.mark.slow
-def test_transformers_backend_generates(embedded: Path) -> None:
-    b = TransformersBackend(embedded, name="smollm2-135m-instruct")
+def test_transformers_backend_generates(transformers_backend: TransformersBackend) -> None:
+    b = transformers_backend
     convs = [[{"role": "user", "content": "What is 2+2?"}], [{"role": "user", "content": "Name a GPU."}]]
     gens = b.generate(convs, [Sampling(temperature=0.0, max_tokens=8), Sampling(temperature=0.0, max_tokens=8)])
     assert len(gens) == 2 and all(0 < g.completion_tokens <= 8 and g.text.strip() for g in gens)
@@ -48,10 +54,11 @@ def test_transformers_backend_generates(embedded: Path) -> None:
 
 
 @pytest.mark.slow
-def test_transformers_backend_fails_one_request_not_the_batch(embedded: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_transformers_backend_fails_one_request_not_the_batch(transformers_backend: TransformersBackend,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """A request the engine cannot generate (here: its batch raises whenever it holds the bad prompt, as an
     out-of-memory or context overflow would) becomes that trial's error; the batch's others are answered."""
-    b = TransformersBackend(embedded, name="smollm2-135m-instruct")
+    b = transformers_backend
     real = b._batch
 
     def batch(convs, s):  # type: ignore[no-untyped-def]

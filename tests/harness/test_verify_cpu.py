@@ -2,9 +2,9 @@
 
 The statuses are taken in workers forked by one fork server, as a sweep's are (each evaluation still
 gets a fresh process): a cold worker pays ~5 s of torch and DSL imports before its job, twice per case.
-The cold, exec'd path is checked here by ``test_known_bad_kernels_compile_on_cpu`` and, for the
-process-level failures (raise, hang, abort, exit, an output flood), by the exec'd variants in
-tests/harness/test_faults.py.
+The cold, exec'd path is checked by ``test_a_cold_exec_worker_compiles_too`` (test_solutions_compile.py),
+by the guard and containment cheats (test_cheats_cpu.py) and, for the process-level failures (raise,
+hang, abort, exit, an output flood), by the exec'd variants in test_faults.py.
 """
 
 import importlib.util
@@ -73,8 +73,9 @@ def test_policy_violation_is_not_executed(p28, tmp_path):
     assert not marker.exists()
 
 
-def test_known_bad_kernels_compile_on_cpu(p28):
-    """The wrong/ kernels are rejected on the GPU; on the CPU they must at least compile (or be caught)."""
+def test_known_bad_kernels_compile_on_cpu(p28, forked_pool):
+    """The wrong/ kernels are rejected on the GPU; on the CPU they must at least compile (or be caught).
+    Each in its own forked worker (the cold path compiles a solution per DSL in test_solutions_compile.py)."""
     expected_cpu = {"torch_only.py": "no_dsl_kernel", "patch_timer.py": "policy_violation",
                     "side_stream.py": "runtime_error",   # torch.cuda.Stream needs CUDA
                     "cheat_time_forged_send.py": "policy_violation"}   # the worker's guard sees the patched send
@@ -83,8 +84,9 @@ def test_known_bad_kernels_compile_on_cpu(p28):
     for path in p28.wrong_solutions():
         if path.name in CHEATS_CPU:
             continue
-        rec = verify(p28, "cutedsl", path, tier="cpu", limits=LIMITS)
+        rec = verify(p28, "cutedsl", path, tier="cpu", limits=LIMITS, pool=forked_pool)
         assert rec.status == expected_cpu.get(path.name, "unverified"), (path.name, rec.status, rec.message[-500:])
+        assert "forked" in rec.sandbox.worker, rec.sandbox
 
 
 def test_records_carry_no_machine_paths():
