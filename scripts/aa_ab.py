@@ -200,7 +200,7 @@ def summarize(work: Path, out: Path, date: str, seeded: str | None = None) -> di
     from mkb_eval.env import describe, git_commit
     from mkb_eval.metrics import read_attempts, score
     from mkb_eval.metrics.paired import NEUTRAL_BAND
-    from mkb_eval.metrics.retimed import run_timings
+    from mkb_eval.metrics.retimed import aa_check, run_timings
 
     def scored(run: Path, timer: str) -> dict[str, Any]:
         return score(read_attempts(run), timings=run_timings(run, timer) or {}, timer=timer)
@@ -227,6 +227,9 @@ def summarize(work: Path, out: Path, date: str, seeded: str | None = None) -> di
                       f"ab_slow_ratio_median{suffix}": statistics.median(r["paired_ratio"] for r in r1) if r1 else None,
                       f"ab_fast_ratio_median{suffix}": statistics.median(r["paired_ratio"] for r in r2) if r2 else None})
         tables.append((timer, aa))
+    for timer, suffix in (("kernel_ms", ""), ("attested_ms", "_attested"), ("device_ms", "_device")):
+        check = aa_check(s, timer)
+        s[f"passed{suffix}"], s[f"failures{suffix}"] = check["passed"], check["failures"]
     aa_stats = json.loads((work / "aa_stats.json").read_text()) if (work / "aa_stats.json").is_file() else []
     if aa_stats:
         wall, n = sum(x["wall_s"] for x in aa_stats), sum(x["verifications"] for x in aa_stats)
@@ -252,6 +255,10 @@ def summarize(work: Path, out: Path, date: str, seeded: str | None = None) -> di
     for k in ("units", "false_help", "false_harm", "gm_ratio_bias", "ratio_p95_abs_dev", "ab_slow_detected",
               "ab_fast_detected", "ab_slow_ratio_median", "ab_fast_ratio_median"):
         lines.append(f"| {k} | {_fmt(s.get(k))} | {_fmt(s.get(k + '_attested'))} | {_fmt(s.get(k + '_device'))} |")
+    lines += [""] + [f"Criteria of issue 26 by {name}: " + ("met." if s[f"passed{sfx}"] else
+                     "not met: " + "; ".join(s[f"failures{sfx}"]) + ".")
+                     for name, sfx in (("end-to-end time", ""), ("parent-attested time", "_attested"),
+                                       ("device time", "_device"))]
     lines += ["", f"Throughput: {_fmt(s.get('evals_per_min'))} evaluations per minute in the A/A run "
               f"({s.get('aa_verifications')} in {s.get('aa_wall_s')} s, baselines and re-timing included; re-timing "
               f"{s.get('retime_s')} s of it) against {_fmt(s['sweep_evals_per_min'])} for a sweep ({s['sweep_source']}).",

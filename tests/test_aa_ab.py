@@ -39,5 +39,8 @@ def test_aa_ab_builds_runs_and_summarizes(tmp_path: Path) -> None:
     assert s["units"] == 4 and s["false_help"] == s["false_harm"] == 0.0
     assert s["ab_slow_detected"] == 1.0 and s["ab_fast_detected"] == 1.0
     assert abs(s["ab_slow_ratio_median"] - 1 / 1.1) < 0.01
+    # the A/A and A/B of the fake clock are clean, but 4 units are too few to vouch for a GPU
+    assert s["passed"] is False and s["failures"] == ["4 of 4 units resolved (needs 24+ and 90%)"]
+    assert "Criteria of issue 26 by end-to-end time: not met: 4 of 4 units resolved" in (out / "summary.md").read_text()
     saved = json.loads((out / "results" / "h200" / "2026-12-02_aa" / "summary.json").read_text())
     assert saved == json.loads(json.dumps(s, sort_keys=True))

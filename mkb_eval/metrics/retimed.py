@@ -216,9 +216,42 @@ def run_gpu(run_dir: str | Path) -> str | None:
     return None
 
 
-def noise_floor(gpu: str | None, results: str | Path | None = None) -> dict[str, Any] | None:
-    """The A/A noise floor measured on this GPU model: the newest ``results/<gpu>/<date>_aa/summary.json``
-    whose ``gpu`` is this one (its units, false help/harm, 95th percentile of |ratio - 1|), or None."""
+# What an A/A run (the same kernel on both sides) must show before a GPU's paired verdicts are trusted, and an
+# A/B run (one side made ~10% slower) must detect: issue 26's criteria, applied to every summary the toolkit reads.
+AA_LIMITS = {"false_help": 0.05, "false_harm": 0.05, "gm_ratio_bias": 0.01, "ratio_p95_abs_dev": 0.03}
+AA_MIN_UNITS, AA_MIN_RESOLVED_SHARE, AB_MIN_DETECTED = 24, 0.9, 0.9
+_SUFFIX = {"kernel_ms": "", "attested_ms": "_attested", "device_ms": "_device"}
+
+
+def aa_check(summary: Mapping[str, Any], timer: str = DEFAULT_TIMER) -> dict[str, Any]:
+    """One timer's A/A (and, where run, A/B) figures of an ``aa_ab.py`` summary, with ``passed`` and the
+    criteria it missed (``failures``): a floor measured on too few resolved units, or missing, does not pass."""
+    if timer not in _SUFFIX:
+        raise ValueError(f"timer must be one of {', '.join(TIMERS)}, not {timer!r}")
+    sfx = _SUFFIX[timer]
+    got = {k: summary.get(k + sfx) for k in ("units", "units_total", *AA_LIMITS, "ab_slow_detected", "ab_fast_detected")}
+    failures = []
+    units, total = got["units"] or 0, got["units_total"] or 0
+    if units < AA_MIN_UNITS or units < AA_MIN_RESOLVED_SHARE * total:
+        failures.append(f"{units} of {total} units resolved (needs {AA_MIN_UNITS}+ and {AA_MIN_RESOLVED_SHARE:.0%})")
+    for k, limit in AA_LIMITS.items():
+        v = got[k]
+        if not isinstance(v, (int, float)) or not math.isfinite(v) or abs(v) > limit:
+            failures.append(f"{k} {'missing' if v is None else f'{v:+.4f}'} (limit ±{limit:g})")
+    for k in ("ab_slow_detected", "ab_fast_detected"):
+        v = got[k]
+        if v is None:
+            failures.append(f"{k}: A/B not run")
+        elif v < AB_MIN_DETECTED:
+            failures.append(f"{k} {v:.2f} (needs {AB_MIN_DETECTED:g})")
+    return {**got, "timer": timer, "rounds": summary.get("rounds"), "passed": not failures, "failures": failures}
+
+
+def noise_floor(gpu: str | None, results: str | Path | None = None,
+                timer: str = DEFAULT_TIMER) -> dict[str, Any] | None:
+    """The A/A noise floor measured on this GPU model by the verdict's ``timer``: the newest
+    ``results/<gpu>/<date>_aa/summary.json`` whose ``gpu`` is this one, as :func:`aa_check` reads it (units,
+    false help/harm, bias, 95th percentile of |ratio - 1|, whether the A/A and A/B criteria are met), or None."""
     if not gpu:
         return None
     root = Path(results) if results else Path(__file__).resolve().parents[2] / "results"
@@ -228,6 +261,5 @@ def noise_floor(gpu: str | None, results: str | Path | None = None) -> dict[str,
         except (OSError, json.JSONDecodeError):
             continue
         if isinstance(s, dict) and s.get("gpu") == gpu:
-            keys = ("units", "false_help", "false_harm", "gm_ratio_bias", "ratio_p95_abs_dev", "rounds", "timer")
-            return {**{k: s.get(k) for k in keys}, "source": str(path.relative_to(root.parent))}
+            return {**aa_check(s, timer), "source": str(path.relative_to(root.parent))}
     return None

@@ -53,6 +53,20 @@ def _plots(results: dict[str, Any]) -> dict[str, bytes]:
     }
 
 
+def noise_floor_line(nf: dict[str, Any] | None) -> str:
+    """The A/A noise floor by the verdict's timer, and whether the A/A and A/B tests passed on this GPU."""
+    if not nf or nf.get("ratio_p95_abs_dev") is None:
+        return "A/A noise floor on this GPU: not measured (run scripts/aa_ab.py)"
+    pct = {k: "n/a" if nf.get(k) is None else f"{100 * nf[k]:.1f}%" for k in ("false_help", "false_harm")}
+    text = (f"A/A noise floor on this GPU by this timer: 95% of identical pairs within "
+            f"±{100 * nf['ratio_p95_abs_dev']:.2f}% over {nf['units']} of {nf.get('units_total')} units, false help "
+            f"{pct['false_help']}, false harm {pct['false_harm']} ({nf['source']})")
+    if nf.get("passed"):
+        return text + "; the A/A and A/B tests pass"
+    return (text + "; the A/A and A/B tests do not pass (" + "; ".join(nf.get("failures") or ["unknown"])
+            + "), so this GPU's helped and harmed counts are not backed by them")
+
+
 def verdict_line(results: dict[str, Any]) -> str:
     """What decided helped / harmed: the paired verdict (band, rounds, timer, A/A floor) or the original."""
     p = results["params"]
@@ -62,11 +76,7 @@ def verdict_line(results: dict[str, Any]) -> str:
     timer = {"kernel_ms": "end-to-end time (kernel_ms, the benchmark's time; device time shown beside it)",
              "attested_ms": "parent-attested time (attested_ms, the calls back to back under the parent's clock)",
              "device_ms": "device time (device_ms, the GPU's work without the host call path)"}[p["timer"]]
-    nf = p.get("noise_floor")
-    floor = (f"A/A noise floor on this GPU: 95% of identical pairs within ±{100 * nf['ratio_p95_abs_dev']:.2f}% "
-             f"over {nf['units']} units, false help {nf['false_help']}, false harm {nf['false_harm']} "
-             f"({nf['source']})") if nf and nf.get("ratio_p95_abs_dev") is not None else \
-        "A/A noise floor on this GPU: not measured (run scripts/aa_ab.py)"
+    floor = noise_floor_line(p.get("noise_floor"))
     rounds = ", ".join(str(r) for r in p.get("rounds") or []) or "none"
     return (f"Verdict: paired (helped / harmed only when the 95% t interval of the re-timed speedup ratio lies "
             f"outside the neutral band ±{100 * p['band']:g}%; {rounds} interleaved rounds; {timer}). {floor}.")
@@ -181,7 +191,7 @@ def build_report(
     timings = run_timings(run_dir, timer) if verdict != "original" else None
     results = score(read_attempts(run_dir), margin=margin, floor=floor, n_resamples=n_resamples, seed=seed,
                     verdict=verdict, timings=timings, band=band, timer=timer,
-                    noise_floor=noise_floor(run_gpu(run_dir)))
+                    noise_floor=noise_floor(run_gpu(run_dir), timer=timer))
     records = final_records(run_dir)
     tables = all_tables(results, records)
     pngs = _plots(results)

@@ -12,7 +12,7 @@ import pytest
 from mkb_eval import problems as P
 from mkb_eval.agent.retiming import RetimeGroup, RetimeKernel, RetimeSettings, result_entry
 from mkb_eval.metrics import score
-from mkb_eval.metrics.retimed import TIMERS, PairedTiming, pairs_from_entry, read_retimes, t95
+from mkb_eval.metrics.retimed import TIMERS, PairedTiming, aa_check, noise_floor, pairs_from_entry, read_retimes, t95
 from tests.agent.fake_retime import FakeRetime
 
 ARMS = ("cutedsl2tirx_skill", "solo_cutedsl", "solo_tirx", "tirx2cutedsl_skill")
@@ -111,3 +111,64 @@ def test_every_timer_gives_the_verdict_and_keeps_a_second_one_beside_it(tmp_path
     assert res["params"]["timer"] == timer and all(t.timer == timer and t.other_log_ratios for t in timings.values())
     with pytest.raises(ValueError, match="timer must be one of"):
         read_retimes(entries, "wall_ms")
+
+
+def _summary(**over: Any) -> dict[str, Any]:
+    """An aa_ab.py summary that meets every criterion by each timer, with ``over`` replaced."""
+    good = {"units": 46, "units_total": 46, "false_help": 0.0, "false_harm": 0.0217, "gm_ratio_bias": -0.004,
+            "ratio_p95_abs_dev": 0.025, "ab_slow_detected": 1.0, "ab_fast_detected": 0.92}
+    s: dict[str, Any] = {"gpu": "NVIDIA H200", "rounds": 5}
+    for sfx in ("", "_attested", "_device"):
+        s.update({k + sfx: v for k, v in good.items()})
+    return {**s, **over}
+
+
+def test_aa_check_passes_only_on_every_criterion() -> None:
+    assert aa_check(_summary())["passed"] and aa_check(_summary(), "device_ms")["failures"] == []
+    bad = aa_check(_summary(false_help=0.06, gm_ratio_bias=-0.035, ratio_p95_abs_dev=float("nan")))
+    assert not bad["passed"] and bad["failures"] == ["false_help +0.0600 (limit ±0.05)",
+                                                     "gm_ratio_bias -0.0350 (limit ±0.01)",
+                                                     "ratio_p95_abs_dev +nan (limit ±0.03)"]
+    assert aa_check(_summary(false_help=0.06))["passed"] is False
+    assert aa_check(_summary(false_help=0.06), "device_ms")["passed"] is True      # each timer on its own keys
+    # a partial run (the 2026-12-01 one: 17 of 46 units) and a missing A/B do not vouch for a GPU
+    partial = aa_check(_summary(units=17, ab_slow_detected=None, ab_fast_detected=0.85))
+    assert partial["failures"] == ["17 of 46 units resolved (needs 24+ and 90%)", "ab_slow_detected: A/B not run",
+                                   "ab_fast_detected 0.85 (needs 0.9)"]
+    assert "24 of 30" in aa_check(_summary(units=24, units_total=30))["failures"][0]
+    with pytest.raises(ValueError, match="timer must be one of"):
+        aa_check(_summary(), "wall_ms")
+
+
+def test_the_noise_floor_is_read_for_the_verdicts_timer_and_says_whether_it_passed(tmp_path: Path) -> None:
+    import json
+
+    from mkb_eval.report.build import noise_floor_line
+
+    results = tmp_path / "results"
+    (results / "h200" / "2026-12-01_aa").mkdir(parents=True)
+    (results / "h200" / "2026-12-01_aa" / "summary.json").write_text(json.dumps(_summary(units=17)))
+    (results / "h200" / "2026-12-03_aa").mkdir(parents=True)
+    (results / "h200" / "2026-12-03_aa" / "summary.json").write_text(
+        json.dumps(_summary(ratio_p95_abs_dev=0.49, ratio_p95_abs_dev_device=0.021)))
+    assert noise_floor("NVIDIA B200", results) is None and noise_floor(None, results) is None
+    e2e = noise_floor("NVIDIA H200", results)                    # the newest summary of this GPU
+    assert e2e is not None and e2e["source"] == "results/h200/2026-12-03_aa/summary.json"
+    assert e2e["ratio_p95_abs_dev"] == 0.49 and not e2e["passed"]
+    dev = noise_floor("NVIDIA H200", results, timer="device_ms")
+    assert dev is not None and dev["ratio_p95_abs_dev"] == 0.021 and dev["passed"] and dev["timer"] == "device_ms"
+    line = noise_floor_line(e2e)
+    assert "within ±49.00% over 46 of 46 units" in line and "; the A/A and A/B tests do not pass (" in line
+    assert "ratio_p95_abs_dev +0.4900" in line
+    assert noise_floor_line(dev).endswith("; the A/A and A/B tests pass")
+    assert noise_floor_line(None) == "A/A noise floor on this GPU: not measured (run scripts/aa_ab.py)"
+
+
+def test_the_committed_partial_aa_run_does_not_pass() -> None:
+    """The H200's partial A/A (2026-12-01: 17 of 46 units, no A/B) fails by every timer."""
+    import json
+
+    s = json.loads((Path(__file__).resolve().parents[2] / "results/h200/2026-12-01_aa/summary.json").read_text())
+    for timer in TIMERS:
+        assert not aa_check(s, timer)["passed"]
+    assert "17 of 46 units resolved" in aa_check(s, "device_ms")["failures"][0]
