@@ -190,6 +190,13 @@ def _p95(xs: list[float]) -> float | None:
     return xs[min(len(xs) - 1, math.ceil(0.95 * len(xs)) - 1)]
 
 
+def _ci_miss_rate(units: list[dict[str, Any]]) -> float | None:
+    """Share of A/A units whose 95% interval excludes 1 (identical kernels: about 5% if the interval over rounds
+    holds all the noise; far more means an offset the rounds do not see, such as one per worker)."""
+    ivs = [r["paired_interval"] for r in units if r["resolved"] and r.get("paired_interval")]
+    return sum(lo > 1 or hi < 1 for lo, hi in ivs) / len(ivs) if ivs else None
+
+
 def _retime_s(run: Path) -> float:
     from mkb_eval.run_record import read_retimes
 
@@ -216,7 +223,8 @@ def summarize(work: Path, out: Path, date: str, seeded: str | None = None) -> di
         s.update({f"units{suffix}": n, f"units_total{suffix}": o["n_units"],
                   f"false_help{suffix}": o["paired"]["help_rate"], f"false_harm{suffix}": o["paired"]["harm_rate"],
                   f"gm_ratio_bias{suffix}": None if o["paired"]["delta_gm"] is None else o["paired"]["delta_gm"] / 100,
-                  f"ratio_p95_abs_dev{suffix}": _p95([abs(r - 1) for r in ratios])})
+                  f"ratio_p95_abs_dev{suffix}": _p95([abs(r - 1) for r in ratios]),
+                  f"ci_miss_rate{suffix}": _ci_miss_rate(aa["units"])})
         if (work / "ab" / "attempts.jsonl").is_file():
             ab = scored(work / "ab", timer)
             r1 = [r for r in ab["units"] if r["replicate"] == 1 and r["resolved"]]
@@ -252,7 +260,7 @@ def summarize(work: Path, out: Path, date: str, seeded: str | None = None) -> di
              "5 interleaved rounds; A/A = `replay:solutions` on 24 problems (all six families), A/B = shipped kernels "
              "~10% slower on the skill side (replicate 1) or the base side (replicate 2), 12 problems.", "",
              "| key | end-to-end (verdict) | parent-attested | device time |", "|---|---:|---:|---:|"]
-    for k in ("units", "false_help", "false_harm", "gm_ratio_bias", "ratio_p95_abs_dev", "ab_slow_detected",
+    for k in ("units", "false_help", "false_harm", "gm_ratio_bias", "ratio_p95_abs_dev", "ci_miss_rate", "ab_slow_detected",
               "ab_fast_detected", "ab_slow_ratio_median", "ab_fast_ratio_median"):
         lines.append(f"| {k} | {_fmt(s.get(k))} | {_fmt(s.get(k + '_attested'))} | {_fmt(s.get(k + '_device'))} |")
     lines += [""] + [f"Criteria of issue 26 by {name}: " + ("met." if s[f"passed{sfx}"] else
