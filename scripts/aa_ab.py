@@ -207,7 +207,7 @@ def summarize(work: Path, out: Path, date: str, seeded: str | None = None) -> di
     from mkb_eval.env import describe, git_commit
     from mkb_eval.metrics import read_attempts, score
     from mkb_eval.metrics.paired import NEUTRAL_BAND
-    from mkb_eval.metrics.retimed import aa_check, run_timings
+    from mkb_eval.metrics.retimed import TIMER_SUFFIX, aa_check, run_timings
 
     def scored(run: Path, timer: str) -> dict[str, Any]:
         return score(read_attempts(run), timings=run_timings(run, timer) or {}, timer=timer)
@@ -215,7 +215,7 @@ def summarize(work: Path, out: Path, date: str, seeded: str | None = None) -> di
     s: dict[str, Any] = {"date": date, "gpu": describe().get("gpu"), "band": NEUTRAL_BAND, "timer": "kernel_ms",
                          "rounds": 5, **git_commit(), "compile_baselines_seeded_from": seeded}
     tables = []
-    for timer, suffix in (("kernel_ms", ""), ("attested_ms", "_attested"), ("device_ms", "_device")):
+    for timer, suffix in TIMER_SUFFIX.items():
         aa = scored(work / "aa", timer)
         o = aa["overall"]
         n = o["n_resolved"]
@@ -234,10 +234,9 @@ def summarize(work: Path, out: Path, date: str, seeded: str | None = None) -> di
                       f"ab_fast_detected{suffix}": sum(r["outcome"] == "helped" for r in r2) / len(r2) if r2 else None,
                       f"ab_slow_ratio_median{suffix}": statistics.median(r["paired_ratio"] for r in r1) if r1 else None,
                       f"ab_fast_ratio_median{suffix}": statistics.median(r["paired_ratio"] for r in r2) if r2 else None})
-        tables.append((timer, aa))
-    for timer, suffix in (("kernel_ms", ""), ("attested_ms", "_attested"), ("device_ms", "_device")):
         check = aa_check(s, timer)
         s[f"passed{suffix}"], s[f"failures{suffix}"] = check["passed"], check["failures"]
+        tables.append((timer, aa))
     aa_stats = json.loads((work / "aa_stats.json").read_text()) if (work / "aa_stats.json").is_file() else []
     if aa_stats:
         wall, n = sum(x["wall_s"] for x in aa_stats), sum(x["verifications"] for x in aa_stats)

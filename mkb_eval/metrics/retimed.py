@@ -220,15 +220,16 @@ def run_gpu(run_dir: str | Path) -> str | None:
 # A/B run (one side made ~10% slower) must detect: issue 26's criteria, applied to every summary the toolkit reads.
 AA_LIMITS = {"false_help": 0.05, "false_harm": 0.05, "gm_ratio_bias": 0.01, "ratio_p95_abs_dev": 0.03}
 AA_MIN_UNITS, AA_MIN_RESOLVED_SHARE, AB_MIN_DETECTED = 24, 0.9, 0.9
-_SUFFIX = {"kernel_ms": "", "attested_ms": "_attested", "device_ms": "_device"}
+# the suffix of each timer's keys in an aa_ab.py summary (the verdict's default timer has none)
+TIMER_SUFFIX = {"kernel_ms": "", "attested_ms": "_attested", "device_ms": "_device"}
 
 
 def aa_check(summary: Mapping[str, Any], timer: str = DEFAULT_TIMER) -> dict[str, Any]:
     """One timer's A/A (and, where run, A/B) figures of an ``aa_ab.py`` summary, with ``passed`` and the
     criteria it missed (``failures``): a floor measured on too few resolved units, or missing, does not pass."""
-    if timer not in _SUFFIX:
+    if timer not in TIMER_SUFFIX:
         raise ValueError(f"timer must be one of {', '.join(TIMERS)}, not {timer!r}")
-    sfx = _SUFFIX[timer]
+    sfx = TIMER_SUFFIX[timer]
     got = {k: summary.get(k + sfx) for k in ("units", "units_total", *AA_LIMITS, "ab_slow_detected", "ab_fast_detected")}
     failures = []
     units, total = got["units"] or 0, got["units_total"] or 0
